@@ -1,0 +1,238 @@
+"""CT intensity and geometry transforms: HU, windows, resampling, crop/pad, presets.
+
+Arrays are (z, y, x) and spacings are (z, y, x) in millimetres everywhere in zarrfeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Spacing = tuple[float, float, float]
+
+# Any chest CT contains air (−1000 HU); raw stored values with the usual −1024 intercept
+# put air near +24.  A minimum below this threshold means the volume is already in HU.
+HU_DETECTION_THRESHOLD = -500.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """A display window: width W and level L in HU; maps [L − W/2, L + W/2] to [0, 1]."""
+
+    width: float
+    level: float
+
+    def __post_init__(self) -> None:
+        if not self.width > 0:
+            raise ValueError(f"window width must be > 0, got {self.width}")
+
+    @property
+    def lo(self) -> float:
+        return self.level - self.width / 2
+
+    @property
+    def hi(self) -> float:
+        return self.level + self.width / 2
+
+
+# Radiopaedia presets (see shared/notes/domain.md §2).
+WINDOWS: Mapping[str, Window] = {
+    "lung": Window(1500, -600),
+    "mediastinum": Window(350, 50),
+    "abdomen": Window(400, 50),
+    "liver": Window(150, 30),
+    "bone": Window(1800, 400),
+    "brain": Window(80, 40),
+}
+
+
+def get_window(spec: str | Window) -> Window:
+    """A preset name (``"lung"``), a custom ``"W/L"`` string (``"400/40"``) or a Window."""
+    if isinstance(spec, Window):
+        return spec
+    if spec in WINDOWS:
+        return WINDOWS[spec]
+    width, sep, level = spec.partition("/")
+    try:
+        if sep:
+            return Window(float(width), float(level))
+    except ValueError:
+        pass
+    raise ValueError(
+        f"unknown window {spec!r}: use one of {sorted(WINDOWS)} or 'W/L' such as '400/40'"
+    )
+
+
+def is_hu(stored: np.ndarray) -> bool:
+    """Whether a CT volume already holds HU (some CT-RATE exports do) rather than raw values."""
+    return float(np.min(stored)) <= HU_DETECTION_THRESHOLD
+
+
+def to_hu(
+    stored: np.ndarray,
+    slope: float = 1.0,
+    intercept: float = 0.0,
+    already_hu: bool | None = None,
+) -> np.ndarray:
+    """HU = stored · slope + intercept, as float32; skipped when the volume is already in HU.
+
+    ``already_hu=None`` decides from the value range (:func:`is_hu`), which protects against
+    applying the rescale twice and shifting every voxel by the intercept.
+    """
+    if already_hu is None:
+        already_hu = is_hu(stored)
+    out = np.asarray(stored, dtype=np.float32)
+    if already_hu or (slope == 1.0 and intercept == 0.0):
+        return out.copy() if out is stored else out
+    return out * np.float32(slope) + np.float32(intercept)
+
+
+def clip(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    return np.clip(x, lo, hi)
+
+
+def resampled_shape(shape: tuple[int, ...], spacing: Spacing, target: Spacing) -> tuple[int, ...]:
+    """CT-CLIP's rule: ``int(n · current / target)`` per axis (at least 1)."""
+    return tuple(max(1, int(n * s / t)) for n, s, t in zip(shape, spacing, target, strict=True))
+
+
+def resample(volume: np.ndarray, spacing: Spacing, target: Spacing) -> np.ndarray:
+    """Trilinear resampling to ``target`` spacing (torch, ``align_corners=False``), float32."""
+    size = resampled_shape(volume.shape, spacing, target)
+    if tuple(size) == volume.shape:
+        return np.asarray(volume, dtype=np.float32)
+    src = torch.from_numpy(np.ascontiguousarray(volume, dtype=np.float32))[None, None]
+    with torch.inference_mode():
+        out = F.interpolate(src, size=size, mode="trilinear", align_corners=False)
+    return out[0, 0].numpy()
+
+
+def crop_or_pad(volume: np.ndarray, shape: tuple[int, ...], fill: float) -> np.ndarray:
+    """Centre crop and/or symmetric pad to ``shape``; extra pad goes after, extra crop too."""
+    if volume.ndim != len(shape):
+        raise ValueError(f"volume has {volume.ndim} axes, target shape {shape} has {len(shape)}")
+    out = np.full(shape, fill, dtype=volume.dtype)
+    src, dst = [], []
+    for n, m in zip(volume.shape, shape, strict=True):
+        if n >= m:
+            start = (n - m) // 2
+            src.append(slice(start, start + m))
+            dst.append(slice(0, m))
+        else:
+            start = (m - n) // 2
+            src.append(slice(0, n))
+            dst.append(slice(start, start + n))
+    out[tuple(dst)] = volume[tuple(src)]
+    return out
+
+
+def normalise(x: np.ndarray, lo: float, hi: float, out_lo: float = 0.0, out_hi: float = 1.0):
+    """Linear map of [lo, hi] onto [out_lo, out_hi] (no clipping), float32."""
+    scale = (out_hi - out_lo) / (hi - lo)
+    return (np.asarray(x, dtype=np.float32) - np.float32(lo)) * np.float32(scale) + np.float32(
+        out_lo
+    )
+
+
+_WINDOW_BLOCK = 1 << 18  # voxels per block: keeps temporaries in cache (~1 MiB of float32)
+
+
+def apply_window(
+    hu: np.ndarray,
+    window: str | Window,
+    dtype: Literal["float16", "uint8", "float32"] = "float16",
+) -> np.ndarray:
+    """Window HU to [0, 1]: ``clip((HU − lo) / W, 0, 1)`` as float16/float32, or ``round(255·y)``.
+
+    Works block by block in float32 (never float64) and casts through torch, which is several
+    times faster than numpy's float32 → float16 conversion (``shared/notes/limits.md``).
+    """
+    w = get_window(window)
+    flat_in = np.ascontiguousarray(hu).reshape(-1)
+    out = np.empty(flat_in.shape, dtype=np.dtype(dtype))
+    out_t = torch.from_numpy(out)
+    buf = np.empty(min(_WINDOW_BLOCK, flat_in.size), dtype=np.float32)
+    scale, offset = np.float32(1.0 / w.width), np.float32(-w.lo / w.width)
+    if dtype == "uint8":
+        scale, offset = scale * np.float32(255), offset * np.float32(255)
+        top = np.float32(255)
+    else:
+        top = np.float32(1)
+    for start in range(0, flat_in.size, _WINDOW_BLOCK):
+        block = flat_in[start : start + _WINDOW_BLOCK]
+        b = buf[: block.size]
+        np.multiply(block, scale, out=b, casting="unsafe")
+        b += offset
+        np.clip(b, 0, top, out=b)
+        if dtype == "uint8":
+            np.rint(b, out=b)
+        out_t[start : start + block.size] = torch.from_numpy(b)
+    return out.reshape(np.shape(hu))
+
+
+@dataclass(frozen=True)
+class CTPreset:
+    """Resample → clip → normalise → crop/pad, as one named recipe recorded in provenance."""
+
+    name: str
+    spacing: Spacing
+    clip: tuple[float, float]
+    out_range: tuple[float, float] | None  # None keeps HU (int16 output)
+    shape: tuple[int, int, int] | None
+    fill: float
+    dtype: str
+
+    def params(self) -> dict:
+        return {
+            "preset": self.name,
+            "spacing_zyx_mm": list(self.spacing),
+            "clip_hu": list(self.clip),
+            "out_range": list(self.out_range) if self.out_range else None,
+            "shape_zyx": list(self.shape) if self.shape else None,
+            "fill": self.fill,
+            "dtype": self.dtype,
+        }
+
+
+# CT-CLIP's preprocessing of CT-RATE (shared/notes/domain.md §1): [-1000, 1000] / 1000, pad -1.
+CT_CLIP = CTPreset(
+    name="ct-clip",
+    spacing=(1.5, 0.75, 0.75),
+    clip=(-1000.0, 1000.0),
+    out_range=(-1.0, 1.0),
+    shape=(240, 480, 480),
+    fill=-1.0,
+    dtype="float16",
+)
+
+# HU kept as int16 at CT-CLIP geometry: the source of every window asset.
+HU_ISOTROPIC = CTPreset(
+    name="hu",
+    spacing=(1.5, 0.75, 0.75),
+    clip=(-1024.0, 3071.0),
+    out_range=None,
+    shape=None,
+    fill=-1024.0,
+    dtype="int16",
+)
+
+
+def preprocess(hu: np.ndarray, spacing: Spacing, preset: CTPreset = CT_CLIP) -> np.ndarray:
+    """Apply a preset to an HU volume (z, y, x) with the given spacing."""
+    vol = resample(hu, spacing, preset.spacing)
+    lo, hi = preset.clip
+    np.clip(vol, lo, hi, out=vol)
+    fill = preset.fill
+    if preset.out_range is not None:
+        vol = normalise(vol, lo, hi, *preset.out_range)
+    if preset.shape is not None:
+        vol = crop_or_pad(vol, preset.shape, fill)
+    if np.dtype(preset.dtype).kind in "iu":
+        np.rint(vol, out=vol)
+        return vol.astype(preset.dtype)
+    return torch.from_numpy(np.ascontiguousarray(vol)).to(getattr(torch, preset.dtype)).numpy()

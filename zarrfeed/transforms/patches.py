@@ -1,0 +1,189 @@
+"""Patch grids and patch indexes as a few integer arrays: no per-patch Python objects.
+
+Seed 002 kept one dict per patch (≈360 B each, copied into every DataLoader worker).  Here a
+patch is an integer: along each axis the origin is ``min(k · stride, n − patch)``, so the last
+patch sits flush with the end and every voxel is covered, and index → origin is arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+
+
+def _as_tuple(v: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    return (int(v),) * ndim if isinstance(v, int | np.integer) else tuple(int(x) for x in v)
+
+
+def axis_counts(shape: np.ndarray, patch: np.ndarray, stride: np.ndarray, cover: bool):
+    """Number of patch positions along each axis (broadcasts over leading item axes)."""
+    span = shape - patch
+    if np.any(span < 0):
+        raise ValueError(f"patch {patch.tolist()} larger than shape {shape.tolist()}")
+    full = span // stride + 1
+    return full + (span % stride > 0) if cover else full
+
+
+@dataclass(frozen=True)
+class PatchGrid:
+    """Regular N-D patch positions over one array shape."""
+
+    shape: tuple[int, ...]
+    patch: tuple[int, ...]
+    stride: tuple[int, ...]
+    cover: bool = True
+
+    @classmethod
+    def make(cls, shape, patch, stride=None, cover: bool = True) -> PatchGrid:
+        shape = tuple(int(s) for s in shape)
+        patch = _as_tuple(patch, len(shape))
+        stride = patch if stride is None else _as_tuple(stride, len(shape))
+        if len(patch) != len(shape) or len(stride) != len(shape) or min(stride) < 1:
+            raise ValueError(f"bad patch {patch} / stride {stride} for shape {shape}")
+        axis_counts(np.array(shape), np.array(patch), np.array(stride), cover)
+        return cls(shape, patch, stride, cover)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        c = axis_counts(
+            np.array(self.shape), np.array(self.patch), np.array(self.stride), self.cover
+        )
+        return tuple(int(x) for x in c)
+
+    def __len__(self) -> int:
+        return int(np.prod(self.counts))
+
+    def positions(self, axis: int) -> np.ndarray:
+        k = np.arange(self.counts[axis])
+        return np.minimum(k * self.stride[axis], self.shape[axis] - self.patch[axis])
+
+    def origin(self, index: int) -> tuple[int, ...]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"patch {index} out of range for {len(self)} patches")
+        ks = np.unravel_index(index, self.counts)
+        return tuple(
+            int(min(k * s, n - p))
+            for k, s, n, p in zip(ks, self.stride, self.shape, self.patch, strict=True)
+        )
+
+    def origins(self, indices: np.ndarray | None = None) -> np.ndarray:
+        """(n, ndim) int64 origins of ``indices`` (all patches when None)."""
+        idx = np.arange(len(self)) if indices is None else np.asarray(indices)
+        ks = np.stack(np.unravel_index(idx, self.counts), axis=-1)
+        return np.minimum(ks * np.array(self.stride), np.array(self.shape) - np.array(self.patch))
+
+    def slices(self, index: int) -> tuple[slice, ...]:
+        return tuple(slice(o, o + p) for o, p in zip(self.origin(index), self.patch, strict=True))
+
+
+def patch_fractions(mask: np.ndarray, grid: PatchGrid) -> np.ndarray:
+    """Foreground fraction of every patch of ``grid`` over ``mask`` (float32, one per patch).
+
+    A summed-area table makes each patch O(2^ndim) however large it is.
+    """
+    if tuple(mask.shape) != grid.shape:
+        raise ValueError(f"mask shape {mask.shape} != grid shape {grid.shape}")
+    sat = np.zeros(tuple(n + 1 for n in mask.shape), dtype=np.int64)
+    inner = np.asarray(mask != 0, dtype=np.int64)
+    for axis in range(mask.ndim):
+        inner = np.cumsum(inner, axis=axis)
+    sat[tuple(slice(1, None) for _ in mask.shape)] = inner
+    lo = grid.origins()
+    hi = lo + np.array(grid.patch)
+    total = np.zeros(len(lo), dtype=np.int64)
+    for corner in product((0, 1), repeat=mask.ndim):
+        point = np.where(np.array(corner, dtype=bool), hi, lo)
+        sign = -1 if (mask.ndim - sum(corner)) % 2 else 1
+        total += sign * sat[tuple(point.T)]
+    return (total / np.prod(grid.patch)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class PatchIndex:
+    """Patches over many items (images, volumes), optionally filtered, as compact arrays.
+
+    ``shapes`` is (items, ndim); ``keep`` lists the global patch ids that survived filtering
+    (None keeps every patch).  Global ids number the patches of item 0 first, then item 1, …
+    """
+
+    shapes: np.ndarray
+    patch: tuple[int, ...]
+    stride: tuple[int, ...]
+    cover: bool = True
+    keep: np.ndarray | None = None
+
+    @classmethod
+    def make(cls, shapes, patch, stride=None, cover: bool = True, keep=None) -> PatchIndex:
+        shapes = np.atleast_2d(np.asarray(shapes, dtype=np.int64))
+        ndim = shapes.shape[1]
+        patch = _as_tuple(patch, ndim)
+        stride = patch if stride is None else _as_tuple(stride, ndim)
+        axis_counts(shapes, np.array(patch), np.array(stride), cover)
+        if keep is not None:
+            keep = np.asarray(keep)
+            keep = keep.astype(np.uint32 if keep.size == 0 or keep.max() < 2**32 else np.uint64)
+        return cls(shapes, patch, stride, cover, keep)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return axis_counts(self.shapes, np.array(self.patch), np.array(self.stride), self.cover)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(np.prod(self.counts, axis=1))])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1]) if self.keep is None else len(self.keep)
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, (n, ndim) origins) of the given positions in this index."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if np.any((idx < 0) | (idx >= len(self))):
+            raise IndexError(f"patch index out of range for {len(self)} patches")
+        gid = idx if self.keep is None else self.keep[idx].astype(np.int64)
+        offsets = self.offsets
+        item = np.searchsorted(offsets, gid, side="right") - 1
+        local = gid - offsets[item]
+        counts = self.counts[item]
+        ks = np.empty_like(counts)
+        for axis in range(counts.shape[-1] - 1, -1, -1):
+            ks[..., axis] = local % counts[..., axis]
+            local = local // counts[..., axis]
+        origins = np.minimum(ks * np.array(self.stride), self.shapes[item] - np.array(self.patch))
+        return item, origins
+
+    def filtered(self, fractions: np.ndarray, min_fraction: float) -> PatchIndex:
+        """Keep patches whose foreground fraction (one value per global id) ≥ ``min_fraction``."""
+        fractions = np.asarray(fractions)
+        if fractions.shape != (int(self.offsets[-1]),):
+            raise ValueError(f"need {int(self.offsets[-1])} fractions, got {fractions.shape}")
+        ids = np.flatnonzero(fractions >= min_fraction)
+        if self.keep is not None:
+            ids = np.intersect1d(ids, self.keep)
+        return PatchIndex.make(self.shapes, self.patch, self.stride, self.cover, ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.shapes.nbytes + (0 if self.keep is None else self.keep.nbytes)
+
+
+def build_patch_index(
+    masks: list[np.ndarray],
+    patch,
+    stride=None,
+    min_fraction: float = 0.0,
+    cover: bool = True,
+) -> PatchIndex:
+    """Patch index over ``masks`` keeping patches with foreground fraction ≥ ``min_fraction``."""
+    index = PatchIndex.make([m.shape for m in masks], patch, stride, cover)
+    if min_fraction <= 0:
+        return index
+    fractions = np.concatenate(
+        [
+            patch_fractions(m, PatchGrid.make(m.shape, index.patch, index.stride, cover))
+            for m in masks
+        ]
+    )
+    return index.filtered(fractions, min_fraction)

@@ -1,0 +1,85 @@
+"""Sparse occupancy: compact uint16 (N, 3) voxel coordinates and deterministic point sampling.
+
+Seed 000 found ``np.argwhere`` on a 512³ volume to dominate loading; ``np.flatnonzero`` +
+``np.unravel_index`` returns the same rows (C order) several times faster and lets us pick the
+narrowest dtype up front.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+COORD_DTYPE = np.uint16
+
+
+class TooFewPointsError(ValueError):
+    """An occupancy holds fewer points than the consumer's ``min_points``."""
+
+
+def coords_from_mask(mask: np.ndarray) -> np.ndarray:
+    """Coordinates of the non-zero voxels, C order, as compact uint16 (N, ndim)."""
+    if max(mask.shape, default=0) > np.iinfo(COORD_DTYPE).max + 1:
+        raise ValueError(f"shape {mask.shape} does not fit uint16 coordinates")
+    flat = np.flatnonzero(mask)
+    out = np.empty((flat.size, mask.ndim), dtype=COORD_DTYPE)
+    for axis, idx in enumerate(np.unravel_index(flat, mask.shape)):
+        out[:, axis] = idx
+    return out
+
+
+def downsample_occupancy(mask: np.ndarray, grid: int | tuple[int, ...]) -> np.ndarray:
+    """Occupancy on a coarser grid (e.g. TRELLIS 64³): a cell is on if any voxel in it is.
+
+    Uses adaptive max pooling, so the volume need not be a multiple of the grid.
+    """
+    grid = (grid,) * mask.ndim if isinstance(grid, int) else tuple(grid)
+    if mask.ndim != 3:
+        raise ValueError(f"expected a 3-D mask, got shape {mask.shape}")
+    t = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.uint8)).to(torch.float16)
+    with torch.inference_mode():
+        pooled = F.adaptive_max_pool3d(t[None, None].float(), grid)[0, 0]
+    return pooled.numpy() > 0
+
+
+def occupancy_coords(
+    volume: np.ndarray,
+    threshold: float,
+    grid: int | tuple[int, ...] | None = None,
+) -> np.ndarray:
+    """uint16 coordinates of voxels ``> threshold``, optionally on a downsampled grid."""
+    mask = volume > threshold
+    if grid is not None:
+        mask = downsample_occupancy(mask, grid)
+    return coords_from_mask(mask)
+
+
+def sample_points(
+    coords: np.ndarray,
+    min_points: int,
+    max_points: int,
+    seed: int = 0,
+) -> np.ndarray:
+    """At most ``max_points`` rows, chosen without replacement and kept in their order.
+
+    The same ``seed`` always gives the same rows.  Fewer than ``min_points`` rows raise
+    :class:`TooFewPointsError` so the caller can skip or report the sample.
+    """
+    if not 0 < min_points <= max_points:
+        raise ValueError(f"need 0 < min_points <= max_points, got {min_points}, {max_points}")
+    n = len(coords)
+    if n < min_points:
+        raise TooFewPointsError(f"{n} points, fewer than min_points={min_points}")
+    if n <= max_points:
+        return coords
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(n, size=max_points, replace=False))
+    return coords[keep]
+
+
+def occupancy_grid(coords: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Rebuild a dense boolean occupancy from coordinates (the TRELLIS ``ss[coords] = 1``)."""
+    grid = np.zeros(shape, dtype=bool)
+    grid[tuple(coords.T.astype(np.intp))] = True
+    return grid
