@@ -1,0 +1,21 @@
+"""Readers of raw inputs.  Each error names the file, what was expected and what was found."""
+
+from zarrfeed.formats.arrays import read_npy, read_npz
+from zarrfeed.formats.dicom import read_dicom_series
+from zarrfeed.formats.images import read_image, write_image
+from zarrfeed.formats.nifti import read_nifti, write_nifti
+from zarrfeed.formats.spike import read_dat, write_dat
+from zarrfeed.formats.volume import Volume
+
+__all__ = [
+    "Volume",
+    "read_dat",
+    "read_dicom_series",
+    "read_image",
+    "read_nifti",
+    "read_npy",
+    "read_npz",
+    "write_dat",
+    "write_image",
+    "write_nifti",
+]
