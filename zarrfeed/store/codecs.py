@@ -1,0 +1,71 @@
+"""Codec and chunk choices, taken from measurements (``benchmarks/codecs.py``, limits.md).
+
+* int16 HU, float16/float32 windows, uint16 coordinates: Blosc-LZ4 with byte shuffle —
+  3.4–3.5 GB/s decode at 1.3–1.9× on noisy CT; zstd packs ~25 % tighter but decodes 2–4×
+  slower, and training reads these arrays many times for each write.
+* 0/1 spike streams and spike-count bins: Blosc-LZ4 with bit shuffle (≈8× at 1.4 GB/s).
+* uint8 windows: plain Blosc-LZ4 (shuffle does nothing on one byte; bit shuffle hurts).
+
+Chunks follow how training reads: 64³ blocks for patch reads of volumes (0.5 MiB of float16,
+large enough to amortise zarr-python's ~0.5 ms per chunk), whole frames for 2-D and spike
+data, long row blocks for (N, k) tables.  Chunks under 128 KiB are grouped into shards so a
+partition stays a handful of files.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from zarr.codecs import BloscCodec
+
+Read = Literal["patch", "frame", "rows", "whole"]
+Content = Literal["dense", "events"]
+
+PATCH_EDGE = 64
+MIN_UNSHARDED_CHUNK = 128 * 1024
+TARGET_SHARD = 16 * 1024 * 1024
+ROWS_CHUNK = 1 << 16
+
+
+def compressors_for(dtype: np.dtype | str, content: Content = "dense") -> list[BloscCodec]:
+    dtype = np.dtype(dtype)
+    if content == "events":
+        return [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=dtype.itemsize)]
+    if dtype.itemsize == 1:
+        return [BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle", typesize=1)]
+    return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=dtype.itemsize)]
+
+
+def chunks_for(
+    shape: tuple[int, ...],
+    dtype: np.dtype | str,
+    read: Read = "patch",
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """(chunks, shards or None) for an array of ``shape`` read the ``read`` way."""
+    itemsize = np.dtype(dtype).itemsize
+    shape = tuple(max(1, int(n)) for n in shape)
+    if read == "patch":
+        chunks = tuple(min(PATCH_EDGE, n) for n in shape[-3:])
+        chunks = (1,) * (len(shape) - len(chunks)) + chunks
+    elif read == "frame":
+        chunks = (1,) * (len(shape) - 2) + shape[-2:]
+    elif read == "rows":
+        chunks = (min(ROWS_CHUNK, shape[0]), *shape[1:])
+    elif read == "whole":
+        chunks = shape
+    else:
+        raise ValueError(f"unknown read pattern {read!r}")
+    chunk_bytes = int(np.prod(chunks)) * itemsize
+    n_chunks = int(np.prod([-(-n // c) for n, c in zip(shape, chunks, strict=True)]))
+    if chunk_bytes >= MIN_UNSHARDED_CHUNK or n_chunks <= 4:
+        return chunks, None
+    # Group chunks along the leading axes until a shard reaches TARGET_SHARD.
+    shards = list(chunks)
+    for axis in range(len(shape)):
+        room = TARGET_SHARD // (int(np.prod(shards)) * itemsize)
+        grow = max(1, min(room, -(-shape[axis] // chunks[axis])))
+        shards[axis] = chunks[axis] * grow
+        if grow < -(-shape[axis] // chunks[axis]):
+            break
+    return chunks, tuple(shards)
