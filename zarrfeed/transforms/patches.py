@@ -8,6 +8,7 @@ patch sits flush with the end and every voxel is covered, and index → origin i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import product
 
 import numpy as np
@@ -126,12 +127,14 @@ class PatchIndex:
             keep = keep.astype(np.uint32 if keep.size == 0 or keep.max() < 2**32 else np.uint64)
         return cls(shapes, patch, stride, cover, keep)
 
-    @property
+    @cached_property
     def counts(self) -> np.ndarray:
+        """Patch positions per axis of every item, (items, ndim); computed once."""
         return axis_counts(self.shapes, np.array(self.patch), np.array(self.stride), self.cover)
 
-    @property
+    @cached_property
     def offsets(self) -> np.ndarray:
+        """Global id of each item's first patch, plus the total at the end; computed once."""
         return np.concatenate([[0], np.cumsum(np.prod(self.counts, axis=1))])
 
     def __len__(self) -> int:

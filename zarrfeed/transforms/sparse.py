@@ -32,14 +32,18 @@ def coords_from_mask(mask: np.ndarray) -> np.ndarray:
 def downsample_occupancy(mask: np.ndarray, grid: int | tuple[int, ...]) -> np.ndarray:
     """Occupancy on a coarser grid (e.g. TRELLIS 64³): a cell is on if any voxel in it is.
 
-    Uses adaptive max pooling, so the volume need not be a multiple of the grid.
+    Block reduction when the shape is a multiple of the grid; otherwise adaptive max pooling,
+    so the volume need not be a multiple of the grid.
     """
     grid = (grid,) * mask.ndim if isinstance(grid, int) else tuple(grid)
     if mask.ndim != 3:
         raise ValueError(f"expected a 3-D mask, got shape {mask.shape}")
-    t = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.uint8)).to(torch.float16)
+    if all(n % g == 0 for n, g in zip(mask.shape, grid, strict=True)):
+        blocks = [x for n, g in zip(mask.shape, grid, strict=True) for x in (g, n // g)]
+        return np.asarray(mask, dtype=bool).reshape(blocks).any(axis=(1, 3, 5))
+    t = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))
     with torch.inference_mode():
-        pooled = F.adaptive_max_pool3d(t[None, None].float(), grid)[0, 0]
+        pooled = F.adaptive_max_pool3d(t[None, None], grid)[0, 0]
     return pooled.numpy() > 0
 
 
