@@ -79,6 +79,8 @@ def ct_hu(
     out = ct.preprocess(hu, vol.spacing, preset)
     params = {**preset.params(), "slope": slope, "intercept": intercept, "source_in_hu": already_hu}
     store = zarr_store.store()
+    # Hash the bytes this run read, not ct_raw_scan's recorded version: the file may have
+    # changed since the last ingest, and provenance must describe what was actually used.
     attrs = provenance(str(path), file_sha256(path), "1", params, source_spacing_zyx_mm=vol.spacing)
     with store.write_partition(HU_ASSET, key, attrs) as w:
         w.write("hu", out, dimension_names=("z", "y", "x"))
