@@ -338,6 +338,8 @@ def _json_default(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, np.ndarray):
         return obj.tolist()
-    if isinstance(obj, Path | set | tuple):
-        return str(obj) if isinstance(obj, Path) else list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, set):
+        return sorted(obj)  # deterministic records and manifests
     raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
