@@ -29,3 +29,29 @@ def sample_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("samples")
     make_sample_data(out)
     return out
+
+
+@pytest.fixture
+def dagster_env(tmp_path: Path, sample_dir: Path):
+    """(raw folder, resources, instance): a copy of the sample data, a store and a real
+    Dagster instance in a temporary DAGSTER_HOME, with small CT settings for speed."""
+    import shutil
+
+    import dagster as dg
+
+    from zarrfeed.definitions import RESOURCES
+    from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+
+    raw = tmp_path / "raw"
+    shutil.copytree(sample_dir, raw)
+    resources = {
+        **RESOURCES,
+        "zarr_store": ZarrStoreResource(url=str(tmp_path / "store.zarr")),
+        "raw": RawFolderResource(root=str(raw)),
+        "ct_settings": CTSettings(
+            spacing_zyx_mm=[5.0, 3.0, 3.0], windows=["lung", "bone"], sparse_grid=16
+        ),
+    }
+    (tmp_path / "dagster_home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
+        yield raw, resources, instance

@@ -5,30 +5,21 @@ import shutil
 import dagster as dg
 import numpy as np
 import pytest
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
 from zarrfeed.assets import ct_assets
 from zarrfeed.assets.partitions import ct_scans
 from zarrfeed.formats import write_nifti
-from zarrfeed.jobs import ct_scan_discovery
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.jobs import sensors
 
 KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 
 
 @pytest.fixture
-def env(tmp_path, sample_dir):
-    raw = tmp_path / "raw"
-    shutil.copytree(sample_dir / "ct-rate", raw / "ct-rate")
-    resources = {
-        "zarr_store": ZarrStoreResource(url=str(tmp_path / "store.zarr")),
-        "raw": RawFolderResource(root=str(raw)),
-        "ct_settings": CTSettings(spacing_zyx_mm=[5.0, 3.0, 3.0], windows=["lung", "bone"]),
-    }
-    (tmp_path / "dagster_home").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
-        yield raw, resources, instance
+def env(dagster_env):
+    return dagster_env
 
 
 def materialize(resources, instance, key, raise_on_error=True):
@@ -38,6 +29,7 @@ def materialize(resources, instance, key, raise_on_error=True):
 
 def test_discovery_sensor_adds_partitions_and_requests_runs(env):
     raw, resources, instance = env
+    ct_scan_discovery = next(s for s in sensors if s.name == "ct_discovery")
     ctx = dg.build_sensor_context(instance=instance, resources={"raw": resources["raw"]})
     result = ct_scan_discovery(ctx)
     assert sorted(r.partition_key for r in result.run_requests) == KEYS
@@ -101,7 +93,7 @@ def test_changed_raw_file_makes_only_its_partition_stale(env):
     write_nifti(changed, np.full((20, 40, 40), -1000, dtype=np.int16), (5.0, 3.6, 3.6))
     for key in ("train_1_a_1", "train_2_a_1"):  # re-ingest: the hash is the data version
         dg.materialize([ct_assets[0]], partition_key=key, resources=resources, instance=instance)
-    graph = dg.Definitions(assets=ct_assets, resources=resources).resolve_asset_graph()
+    graph = AssetGraph.from_assets(ct_assets)
     # Dagster's own staleness resolver (what the UI shows); internal, pinned by dagster 1.13.
     status = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance)).get_status
     assert status(dg.AssetKey("ct_hu"), "train_2_a_1") == StaleStatus.STALE

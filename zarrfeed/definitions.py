@@ -1,12 +1,26 @@
 """The Dagster code location (``dagster dev -w workspace.yaml``), assembled here only."""
 
 import os
+import warnings
 
 import dagster as dg
 
-from zarrfeed.assets import ct_assets
-from zarrfeed.jobs import ct_build, ct_scan_discovery
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+# backfill_policy= is marked beta in dagster 1.13; it is the documented way to batch.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+# Raw ingest runs one partition per run (per-file data versions) while derived assets batch:
+# family jobs then backfill one partition per run, asset backfills batch.  Intended.
+warnings.filterwarnings("ignore", message=".*materializes assets with varying BackfillPolicies")
+
+from zarrfeed.assets import all_assets  # noqa: E402
+from zarrfeed.jobs import build_jobs, datasets_automation, datasets_build, schedules, sensors  # noqa: E402
+from zarrfeed.resources import (  # noqa: E402
+    BuildOptions,
+    CTSettings,
+    ImageSettings,
+    RawFolderResource,
+    SpikeSettings,
+    ZarrStoreResource,
+)
 
 
 def usable_cpus() -> int:
@@ -14,14 +28,20 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+RESOURCES = {
+    "zarr_store": ZarrStoreResource(),
+    "raw": RawFolderResource(),
+    "build": BuildOptions(),
+    "ct_settings": CTSettings(),
+    "spike_settings": SpikeSettings(),
+    "image_settings": ImageSettings(),
+}
+
 defs = dg.Definitions(
-    assets=ct_assets,
-    jobs=[ct_build],
-    sensors=[ct_scan_discovery],
-    resources={
-        "zarr_store": ZarrStoreResource(),
-        "raw": RawFolderResource(),
-        "ct_settings": CTSettings(),
-    },
+    assets=all_assets,
+    jobs=[*build_jobs.values(), datasets_build],
+    sensors=[*sensors, datasets_automation],
+    schedules=schedules,
+    resources=RESOURCES,
     executor=dg.multiprocess_executor.configured({"max_concurrent": usable_cpus()}),
 )

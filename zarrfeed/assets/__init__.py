@@ -1,7 +1,14 @@
 """Dagster assets: orchestration only; the work is in transforms, formats and store."""
 
-from zarrfeed.assets.ct import ct_hu, ct_raw_scan, ct_windows
+from zarrfeed.assets.ct import ct_hu, ct_patches, ct_raw_scan, ct_sparse, ct_windows
+from zarrfeed.assets.datasets import ct_dataset, image_dataset, spike_dataset
+from zarrfeed.assets.images import image_patches, image_raw_set, image_store
+from zarrfeed.assets.spike import spike_frames, spike_raw_sequence, spike_voxels
 
-ct_assets = [ct_raw_scan, ct_hu, ct_windows]
+ct_assets = [ct_raw_scan, ct_hu, ct_windows, ct_sparse, ct_patches]
+spike_assets = [spike_raw_sequence, spike_voxels, spike_frames]
+image_assets = [image_raw_set, image_store, image_patches]
+dataset_assets = [ct_dataset, spike_dataset, image_dataset]
+all_assets = [*ct_assets, *spike_assets, *image_assets, *dataset_assets]
 
-__all__ = ["ct_assets"]
+__all__ = ["all_assets", "ct_assets", "dataset_assets", "image_assets", "spike_assets"]

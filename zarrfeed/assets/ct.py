@@ -1,41 +1,72 @@
-"""CT branch: raw scan → HU volume at a fixed spacing → windowed volumes.
+"""CT branch: raw scan → HU volume → windowed volumes → sparse indices, and the patch index.
 
-Each asset body reads, transforms (``zarrfeed.transforms``), writes (``zarrfeed.store``) and
-reports; the raw asset's content hash is its data version, so a changed file makes only its
-own partitions stale.
+Each asset reads, transforms (``zarrfeed.transforms``), writes (``zarrfeed.store``) and
+reports; checks always run on what the store holds, so a reused partition is re-verified.
+The raw asset's content hash is its data version, so a changed file makes only its own
+partitions stale.
 """
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.metadata import partition_metadata, preview
+from zarrfeed.assets.build import (
+    Built,
+    fingerprint,
+    materialize_partitions,
+    partitioned_asset,
+    report,
+    reuse,
+    upstream_input,
+)
+from zarrfeed.assets.metadata import preview
 from zarrfeed.assets.partitions import ct_scans
 from zarrfeed.formats import read_nifti
 from zarrfeed.formats.discover import rescale_from_metadata
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import BuildOptions, CTSettings, RawFolderResource, ZarrStoreResource
 from zarrfeed.store import file_sha256, provenance
 from zarrfeed.transforms import ct
+from zarrfeed.transforms.patches import PatchGrid, patch_fractions
+from zarrfeed.transforms.sparse import occupancy_coords
 
-HU_ASSET, WINDOWS_ASSET = "ct/hu", "ct/windows"
+HU_ASSET, WINDOWS_ASSET, SPARSE_ASSET, PATCHES_ASSET = (
+    "ct/hu",
+    "ct/windows",
+    "ct/sparse",
+    "ct/patches",
+)
+CT_STORE_ASSETS = (HU_ASSET, WINDOWS_ASSET, SPARSE_ASSET, PATCHES_ASSET)
+VERSIONS = {HU_ASSET: "1", WINDOWS_ASSET: "1", SPARSE_ASSET: "1", PATCHES_ASSET: "1"}
 VERIFY_POINTS = 2048
 
 
-def _raw_path(raw: RawFolderResource, key: str):
-    path = raw.ct_scans().get(key)
+def _raw_path(scans: dict[str, Path], key: str, root: str) -> Path:
+    path = scans.get(key)
     if path is None:
-        raise dg.Failure(f"no raw CT file for scan {key!r} under {raw.root} (was it removed?)")
+        raise dg.Failure(f"no raw CT file for scan {key!r} under {root} (was it removed?)")
     return path
 
 
-@dg.asset(partitions_def=ct_scans, group_name="ct", code_version="1")
+@partitioned_asset(
+    partitions_def=ct_scans,
+    group="ct",
+    code_version="1",
+    checks=("readable",),
+    batched=False,
+)
 def ct_raw_scan(context: dg.AssetExecutionContext, raw: RawFolderResource) -> dg.MaterializeResult:
-    """A raw CT file: its content hash (the data version) and its header facts."""
-    path = _raw_path(raw, context.partition_key)
+    """A raw CT file: its content hash (the data version) and its header facts.
+
+    Runs one partition per run (no batching): Dagster 1.13 keeps one data version per step,
+    and this per-file hash is what makes exactly the changed scan's partitions stale.
+    """
+    path = _raw_path(raw.ct_scans(), context.partition_key, raw.root)
     sha = file_sha256(path)
     vol = read_nifti(path)
+    finite = bool(np.isfinite(vol.data).all())
     return dg.MaterializeResult(
         data_version=dg.DataVersion(sha),
         metadata={
@@ -48,105 +79,291 @@ def ct_raw_scan(context: dg.AssetExecutionContext, raw: RawFolderResource) -> dg
             "orientation_on_disk": vol.meta["orientation_on_disk"],
             "file_bytes": path.stat().st_size,
         },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name="readable",
+                passed=finite and min(vol.shape) > 1 and min(vol.spacing) > 0,
+                metadata={"finite": finite, "shape": str(vol.shape)},
+            )
+        ],
     )
 
 
-@dg.asset(
+@partitioned_asset(
     partitions_def=ct_scans,
-    deps=[ct_raw_scan],
-    group_name="ct",
-    code_version="1",
-    check_specs=[
-        dg.AssetCheckSpec("hu_range", asset="ct_hu", blocking=True),
-        dg.AssetCheckSpec("matches_source", asset="ct_hu", blocking=True),
-    ],
+    group="ct",
+    code_version=VERSIONS[HU_ASSET],
+    checks=("hu_range", "matches_source"),
+    deps=(ct_raw_scan,),
 )
 def ct_hu(
     context: dg.AssetExecutionContext,
     raw: RawFolderResource,
     zarr_store: ZarrStoreResource,
     ct_settings: CTSettings,
+    build: BuildOptions,
 ) -> dg.MaterializeResult:
     """HU volume (int16) resampled to the configured spacing and clipped to [−1024, 3071]."""
-    key = context.partition_key
-    path = _raw_path(raw, key)
-    t0 = time.perf_counter()
-    vol = read_nifti(path)
-    slope, intercept = rescale_from_metadata(raw.ct_metadata().get(key))
-    already_hu = ct.is_hu(vol.data)
-    hu = ct.to_hu(vol.data, slope, intercept, already_hu)
+    store, scans, csv_rows = zarr_store.store(), raw.ct_scans(), raw.ct_metadata()
     preset = replace(ct.HU_ISOTROPIC, spacing=tuple(ct_settings.spacing_zyx_mm))
-    out = ct.preprocess(hu, vol.spacing, preset)
-    params = {**preset.params(), "slope": slope, "intercept": intercept, "source_in_hu": already_hu}
-    store = zarr_store.store()
-    # Hash the bytes this run read, not ct_raw_scan's recorded version: the file may have
-    # changed since the last ingest, and provenance must describe what was actually used.
-    attrs = provenance(str(path), file_sha256(path), "1", params, source_spacing_zyx_mm=vol.spacing)
-    with store.write_partition(HU_ASSET, key, attrs) as w:
-        w.write("hu", out, dimension_names=("z", "y", "x"))
-    seconds = time.perf_counter() - t0
 
-    lo, hi = preset.clip
-    rng = np.random.default_rng(0)
-    points = np.stack([rng.integers(0, n, VERIFY_POINTS) for n in out.shape], axis=1)
-    expected = np.clip(ct.sample_resampled(hu, out.shape, points), lo, hi)
-    error = float(np.abs(out[tuple(points.T)] - expected).max())
-    return dg.MaterializeResult(
-        metadata={
-            **partition_metadata(store, HU_ASSET, key, seconds),
-            "source_in_hu": already_hu,
-            "preview": preview(ct.apply_window(out[out.shape[0] // 2], "lung", "float32")),
-        },
-        check_results=[
-            dg.AssetCheckResult(
-                check_name="hu_range",
-                passed=bool(out.size and out.min() >= lo and out.max() <= hi),
-                metadata={"min": int(out.min()), "max": int(out.max())},
+    def one(key: str) -> Built:
+        path = _raw_path(scans, key, raw.root)
+        # Hash the bytes this run reads, not ct_raw_scan's recorded version: the file may
+        # have changed since the last ingest, and provenance must describe what was used.
+        sha = file_sha256(path)
+        slope, intercept = rescale_from_metadata(csv_rows.get(key))
+        params = {**preset.params(), "slope": slope, "intercept": intercept}
+        fp = fingerprint(VERSIONS[HU_ASSET], params, {"source_sha256": sha})
+        vol = read_nifti(path)
+        already_hu = ct.is_hu(vol.data)
+        hu = ct.to_hu(vol.data, slope, intercept, already_hu)
+        seconds = None
+        if not reuse(store, HU_ASSET, key, fp, build.force):
+            t0 = time.perf_counter()
+            out = ct.preprocess(hu, vol.spacing, preset)
+            attrs = provenance(
+                str(path),
+                sha,
+                VERSIONS[HU_ASSET],
+                {**params, "source_in_hu": already_hu},
+                source_spacing_zyx_mm=vol.spacing,
+                fingerprint=fp,
+            )
+            with store.write_partition(HU_ASSET, key, attrs) as w:
+                w.write("hu", out, dimension_names=("z", "y", "x"))
+            seconds = time.perf_counter() - t0
+        out = store.open_array(HU_ASSET, key, "hu")[...]
+        lo, hi = preset.clip
+        rng = np.random.default_rng(0)
+        points = np.stack([rng.integers(0, n, VERIFY_POINTS) for n in out.shape], axis=1)
+        expected = np.clip(ct.sample_resampled(hu, out.shape, points), lo, hi)
+        error = float(np.abs(out[tuple(points.T)] - expected).max())
+        shape_ok = out.shape == ct.resampled_shape(hu.shape, vol.spacing, preset.spacing)
+        return Built(
+            metadata=report(
+                store,
+                HU_ASSET,
+                key,
+                seconds,
+                source_in_hu=already_hu,
+                preview=preview(ct.apply_window(out[out.shape[0] // 2], "lung", "float32")),
             ),
-            dg.AssetCheckResult(
-                check_name="matches_source",
-                passed=error <= 1.0,  # rounding to int16 is the only allowed difference
-                metadata={"max_abs_error_hu": error, "points": VERIFY_POINTS},
-            ),
-        ],
-    )
+            checks={
+                "hu_range": (
+                    bool(
+                        out.dtype == np.int16 and out.size and out.min() >= lo and out.max() <= hi
+                    ),
+                    {"min": int(out.min()), "max": int(out.max()), "dtype": str(out.dtype)},
+                ),
+                # Rounding to int16 is the only difference allowed against the recomputation.
+                "matches_source": (
+                    shape_ok and error <= 1.0,
+                    {"max_abs_error_hu": error, "points": VERIFY_POINTS, "shape_ok": shape_ok},
+                ),
+            },
+        )
+
+    return materialize_partitions(context, one)
 
 
-@dg.asset(
+@partitioned_asset(
     partitions_def=ct_scans,
-    deps=[ct_hu],
-    group_name="ct",
-    code_version="1",
-    check_specs=[dg.AssetCheckSpec("window_range", asset="ct_windows", blocking=True)],
+    group="ct",
+    code_version=VERSIONS[WINDOWS_ASSET],
+    checks=("window_range",),
+    deps=(ct_hu,),
 )
 def ct_windows(
-    context: dg.AssetExecutionContext, zarr_store: ZarrStoreResource, ct_settings: CTSettings
+    context: dg.AssetExecutionContext,
+    zarr_store: ZarrStoreResource,
+    ct_settings: CTSettings,
+    build: BuildOptions,
 ) -> dg.MaterializeResult:
     """float16 windows in [0, 1], one array per configured window, chunked for 64³ patches."""
-    key = context.partition_key
     store = zarr_store.store()
-    t0 = time.perf_counter()
-    hu = store.open_array(HU_ASSET, key, "hu")[...]
-    source = store.commit_record(HU_ASSET, key)["attrs"]
-    windows = {name: ct.apply_window(hu, name) for name in ct_settings.windows}
-    attrs = provenance(store.path(HU_ASSET, key), source.get("source_sha256"), "1",
-                       {n: vars(ct.get_window(n)) for n in windows})  # fmt: skip
-    with store.write_partition(WINDOWS_ASSET, key, attrs) as w:
-        for name, data in windows.items():
-            w.write(name, data, dimension_names=("z", "y", "x"))
-    seconds = time.perf_counter() - t0
-    bad = {n: [float(d.min()), float(d.max())] for n, d in windows.items()
-           if not (np.isfinite(d).all() and d.min() >= 0 and d.max() <= 1)}  # fmt: skip
-    first = next(iter(windows.values()))
-    return dg.MaterializeResult(
-        metadata={
-            **partition_metadata(store, WINDOWS_ASSET, key, seconds),
-            "windows": ", ".join(windows),
-            "preview": preview(first[first.shape[0] // 2]),
-        },
-        check_results=[
-            dg.AssetCheckResult(
-                check_name="window_range", passed=not bad, metadata={"out_of_range": bad}
+    params = {n: vars(ct.get_window(n)) for n in ct_settings.windows}
+
+    def one(key: str) -> Built:
+        source = upstream_input(store, HU_ASSET, key)
+        fp = fingerprint(VERSIONS[WINDOWS_ASSET], params, {"hu": source})
+        seconds = None
+        if not reuse(store, WINDOWS_ASSET, key, fp, build.force):
+            t0 = time.perf_counter()
+            hu = store.open_array(HU_ASSET, key, "hu")[...]
+            attrs = provenance(
+                store.path(HU_ASSET, key),
+                source["sha"],
+                VERSIONS[WINDOWS_ASSET],
+                params,
+                fingerprint=fp,
             )
-        ],
-    )
+            with store.write_partition(WINDOWS_ASSET, key, attrs) as w:
+                for name in params:
+                    w.write(name, ct.apply_window(hu, name), dimension_names=("z", "y", "x"))
+            seconds = time.perf_counter() - t0
+        group = store.open_partition(WINDOWS_ASSET, key)
+        bad, first = {}, None
+        for name in params:
+            d = group[name][...]
+            first = d if first is None else first
+            if not (
+                d.dtype == np.float16 and np.isfinite(d).all() and d.min() >= 0 and d.max() <= 1
+            ):
+                bad[name] = [str(d.dtype), float(d.min()), float(d.max())]
+        return Built(
+            metadata=report(
+                store,
+                WINDOWS_ASSET,
+                key,
+                seconds,
+                windows=", ".join(params),
+                preview=preview(first[first.shape[0] // 2]),
+            ),
+            checks={"window_range": (not bad, {"out_of_range": bad})},
+        )
+
+    return materialize_partitions(context, one)
+
+
+@partitioned_asset(
+    partitions_def=ct_scans,
+    group="ct",
+    code_version=VERSIONS[SPARSE_ASSET],
+    checks=("min_points", "in_bounds"),
+    deps=(ct_windows,),
+)
+def ct_sparse(
+    context: dg.AssetExecutionContext,
+    zarr_store: ZarrStoreResource,
+    ct_settings: CTSettings,
+    build: BuildOptions,
+) -> dg.MaterializeResult:
+    """uint16 (N, 3) coordinates of occupied voxels per window (TRELLIS-style sparse structure).
+
+    Occupied = windowed value above ``sparse_threshold``; on a ``sparse_grid``³ occupancy grid
+    (a cell is on if any voxel in it is), or at full resolution when the grid is 0.
+    """
+    store = zarr_store.store()
+    grid = ct_settings.sparse_grid or None
+    params = {"threshold": ct_settings.sparse_threshold, "grid": grid}
+
+    def one(key: str) -> Built:
+        source = upstream_input(store, WINDOWS_ASSET, key)
+        fp = fingerprint(VERSIONS[SPARSE_ASSET], params, {"windows": source})
+        windows = store.open_partition(WINDOWS_ASSET, key)
+        names = sorted(windows.array_keys())
+        seconds = None
+        if not reuse(store, SPARSE_ASSET, key, fp, build.force):
+            t0 = time.perf_counter()
+            attrs = provenance(
+                store.path(WINDOWS_ASSET, key),
+                source["sha"],
+                VERSIONS[SPARSE_ASSET],
+                params,
+                fingerprint=fp,
+            )
+            with store.write_partition(SPARSE_ASSET, key, attrs) as w:
+                for name in names:
+                    coords = occupancy_coords(
+                        windows[name][...], ct_settings.sparse_threshold, grid
+                    )
+                    w.write(name, coords, read="rows", dimension_names=("point", "axis"))
+            seconds = time.perf_counter() - t0
+        sparse = store.open_partition(SPARSE_ASSET, key)
+        counts, out_of_bounds = {}, {}
+        for name in names:
+            coords = sparse[name][...]
+            bound = np.array((grid,) * 3 if grid else windows[name].shape)
+            counts[name] = len(coords)
+            if coords.dtype != np.uint16 or coords.ndim != 2 or (coords >= bound).any():
+                out_of_bounds[name] = str(coords.dtype)
+        return Built(
+            metadata=report(
+                store, SPARSE_ASSET, key, seconds, points=dg.MetadataValue.json(counts)
+            ),
+            checks={
+                "min_points": (
+                    min(counts.values()) >= ct_settings.min_points,
+                    {"points": counts, "min_points": ct_settings.min_points},
+                ),
+                "in_bounds": (not out_of_bounds, {"bad": out_of_bounds}),
+            },
+        )
+
+    return materialize_partitions(context, one)
+
+
+@partitioned_asset(
+    partitions_def=ct_scans,
+    group="ct",
+    code_version=VERSIONS[PATCHES_ASSET],
+    checks=("non_empty", "in_bounds"),
+    deps=(ct_hu, ct_windows),
+)
+def ct_patches(
+    context: dg.AssetExecutionContext,
+    zarr_store: ZarrStoreResource,
+    ct_settings: CTSettings,
+    build: BuildOptions,
+) -> dg.MaterializeResult:
+    """Origins of the patches (of the windowed volumes) that are mostly body, with fractions.
+
+    Training samples patches from this index instead of rejecting air patches at load time.
+    """
+    store = zarr_store.store()
+    patch, stride = tuple(ct_settings.patch_zyx), tuple(ct_settings.patch_stride_zyx)
+    params = {
+        "patch": patch,
+        "stride": stride,
+        "body_hu": ct_settings.body_hu,
+        "min_fraction": ct_settings.min_body_fraction,
+    }
+
+    def one(key: str) -> Built:
+        inputs = {"hu": upstream_input(store, HU_ASSET, key)}
+        fp = fingerprint(VERSIONS[PATCHES_ASSET], params, inputs)
+        hu = store.open_array(HU_ASSET, key, "hu")
+        grid = PatchGrid.make(
+            hu.shape, tuple(min(p, n) for p, n in zip(patch, hu.shape, strict=True)), stride
+        )
+        seconds = None
+        if not reuse(store, PATCHES_ASSET, key, fp, build.force):
+            t0 = time.perf_counter()
+            fractions = patch_fractions(hu[...] > ct_settings.body_hu, grid)
+            keep = np.flatnonzero(fractions >= ct_settings.min_body_fraction)
+            attrs = provenance(
+                store.path(HU_ASSET, key),
+                inputs["hu"]["sha"],
+                VERSIONS[PATCHES_ASSET],
+                params,
+                fingerprint=fp,
+                volume_shape=list(hu.shape),
+                patch_shape=list(grid.patch),
+            )
+            with store.write_partition(PATCHES_ASSET, key, attrs) as w:
+                w.write("origins", grid.origins(keep).astype(np.uint16), read="rows")
+                w.write("fraction", fractions[keep], read="rows")
+            seconds = time.perf_counter() - t0
+        group = store.open_partition(PATCHES_ASSET, key)
+        origins, frac = group["origins"][...], group["fraction"][...]
+        inside = bool(((origins + np.array(grid.patch)) <= np.array(hu.shape)).all())
+        return Built(
+            metadata=report(
+                store,
+                PATCHES_ASSET,
+                key,
+                seconds,
+                patches_kept=len(origins),
+                patches_total=len(grid),
+            ),
+            checks={
+                "non_empty": (len(origins) > 0, {"patches": len(origins), "of": len(grid)}),
+                "in_bounds": (
+                    inside and bool((frac >= ct_settings.min_body_fraction).all()),
+                    {"patch": list(grid.patch), "volume": list(hu.shape)},
+                ),
+            },
+        )
+
+    return materialize_partitions(context, one)

@@ -1,5 +1,7 @@
-"""Partition definitions: one dynamic partition per raw item, added by the discovery sensor."""
+"""Partition definitions: one dynamic partition per raw item, added by the discovery sensors."""
 
 import dagster as dg
 
 ct_scans = dg.DynamicPartitionsDefinition(name="ct_scans")
+spike_sequences = dg.DynamicPartitionsDefinition(name="spike_sequences")
+image_sets = dg.DynamicPartitionsDefinition(name="image_sets")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from zarrfeed.errors import InputError
@@ -57,3 +59,100 @@ def rescale_from_metadata(row: dict[str, str] | None) -> tuple[float, float]:
     if not row:
         return 1.0, 0.0
     return float(row.get("RescaleSlope") or 1.0), float(row.get("RescaleIntercept") or 0.0)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+SPIKE_FOLDERS = ("spike_packed", "spike")  # preferred first: the camera's own packed stream
+
+
+@dataclass(frozen=True)
+class SpikeSequence:
+    """One spike sequence folder and the facts its dataset's ``dataset.json`` gives."""
+
+    folder: Path
+    height: int
+    width: int
+    spike_folder: str
+    layout: str
+    frames: int
+
+    def samples(self) -> list[str]:
+        """Sample stems present in every modality (spike, blur, sharp), sorted."""
+        stems = [
+            {p.stem for p in (self.folder / sub).glob(pattern)}
+            for sub, pattern in (
+                (self.spike_folder, "*.dat"),
+                ("blur", "*.png"),
+                ("sharp", "*.png"),
+            )
+        ]
+        return sorted(set.intersection(*stems))
+
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.folder.rglob("*") if p.is_file())
+
+
+def _relative_key(path: Path, root: Path) -> str:
+    return sanitise_key("_".join(path.relative_to(root).parts))
+
+
+def find_spike_sequences(root: str | Path) -> dict[str, SpikeSequence]:
+    """Partition key → sequence, for every sequence of every spike dataset under ``root``.
+
+    A spike dataset is a folder with a ``dataset.json`` (height, width, per-folder layout and
+    frame count, as the sample generator and SpikeZoo's configs give them); its sequences are
+    the folders below it holding a ``spike_packed/`` or ``spike/`` folder.  The key is the
+    path from the dataset folder (``train_GOPR0372_07_00``).
+    """
+    found: dict[str, SpikeSequence] = {}
+    for config in sorted(Path(root).rglob("dataset.json")) if Path(root).exists() else []:
+        facts = _spike_config(config)
+        for sub in SPIKE_FOLDERS:
+            if sub not in facts["layouts"]:
+                continue
+            for folder in sorted(p.parent for p in config.parent.rglob(sub) if p.is_dir()):
+                key = _relative_key(folder, config.parent)
+                if key in found:
+                    continue  # the folder also has the preferred layout
+                layout = facts["layouts"][sub]
+                found[key] = SpikeSequence(
+                    folder, facts["height"], facts["width"], sub, layout["layout"], layout["frames"]
+                )
+    return found
+
+
+def _spike_config(path: Path) -> dict:
+    try:
+        facts = json.loads(path.read_text())
+        int(facts["height"]), int(facts["width"])
+        for entry in facts["layouts"].values():
+            entry["layout"], int(entry["frames"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(
+            path,
+            'JSON with "height", "width" and "layouts": {folder: {"layout", "frames"}}',
+            f"{type(exc).__name__}: {exc}",
+        ) from exc
+    return facts
+
+
+def find_image_sets(root: str | Path) -> dict[str, Path]:
+    """Partition key → folder, for every folder holding images directly.
+
+    Folders inside a spike dataset (its ``blur/`` and ``sharp/`` frames) belong to that family
+    and are left out.  The key is the folder's path under ``root`` (``inspection_train``).
+    """
+    root = Path(root)
+    if not root.exists():
+        return {}
+    spike_roots = [p.parent for p in root.rglob("dataset.json")]
+    folders = {p.parent for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES}
+    return {
+        _relative_key(f, root): f
+        for f in sorted(folders)
+        if not any(f.is_relative_to(s) for s in spike_roots)
+    }
+
+
+def image_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)

@@ -1,25 +1,127 @@
-"""Jobs and the sensor that turns new raw files into partitions and runs."""
+"""Build jobs per family, the sensors that turn new raw items into partitions and runs, the
+nightly schedules that rebuild what is missing or stale, and the dataset automation sensor."""
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from zarrfeed.assets.partitions import ct_scans
-from zarrfeed.resources import RawFolderResource
+from zarrfeed.assets import ct, images, spike
+from zarrfeed.assets.partitions import ct_scans, image_sets, spike_sequences
+from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 
-ct_build = dg.define_asset_job("ct_build", selection=dg.AssetSelection.groups("ct"))
+NIGHTLY_CRON = "0 2 * * *"
 
 
-@dg.sensor(job=ct_build, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
-def ct_scan_discovery(context: dg.SensorEvaluationContext, raw: RawFolderResource):
-    """Every new CT file under the raw folder becomes a partition and gets a build run."""
-    found = raw.ct_scans()
-    known = set(context.instance.get_dynamic_partitions(ct_scans.name))
-    new = sorted(set(found) - known)
-    gone = sorted(known - set(found))
-    if gone:
-        context.log.warning(f"{len(gone)} CT partitions have no raw file any more: {gone[:20]}")
-    if not new:
-        return dg.SkipReason(f"no new CT files among {len(found)} under {raw.root}")
-    return dg.SensorResult(
-        run_requests=[dg.RunRequest(partition_key=k, run_key=f"ct:{k}") for k in new],
-        dynamic_partitions_requests=[ct_scans.build_add_request(new)],
+def _mtime(paths: list[Path]) -> float:
+    return max((p.stat().st_mtime for p in paths), default=0.0)
+
+
+# family → (partitions, raw items → {key: latest source mtime}, store assets → code versions)
+FAMILIES: dict[str, tuple[dg.DynamicPartitionsDefinition, Callable, Mapping[str, str]]] = {
+    "ct": (ct_scans, lambda raw: {k: _mtime([p]) for k, p in raw.ct_scans().items()}, ct.VERSIONS),
+    "spike": (
+        spike_sequences,
+        lambda raw: {k: _mtime(s.files()) for k, s in raw.spike_sequences().items()},
+        spike.VERSIONS,
+    ),
+    "images": (
+        image_sets,
+        lambda raw: {k: _mtime(images.image_files(f)) for k, f in raw.image_sets().items()},
+        images.VERSIONS,
+    ),
+}
+
+
+def build_job(family: str) -> UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(
+        f"{family}_build",
+        selection=dg.AssetSelection.groups(family),
+        description=f"Build the {family} stores for the chosen partitions.",
     )
+
+
+def discovery_sensor(family: str, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
+    partitions, sources, _ = FAMILIES[family]
+
+    @dg.sensor(
+        name=f"{family}_discovery",
+        job=job,
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    )
+    def _discover(context: dg.SensorEvaluationContext, raw: RawFolderResource):
+        """Every new raw item under the raw folder becomes a partition and gets a build run."""
+        found = sources(raw)
+        known = set(context.instance.get_dynamic_partitions(partitions.name))
+        new, gone = sorted(set(found) - known), sorted(known - set(found))
+        if gone:
+            context.log.warning(
+                f"{len(gone)} {family} partitions have no raw source any more: {gone[:20]}"
+            )
+        if not new:
+            return dg.SkipReason(
+                f"no new {family} items among {len(found)} under {raw.root}; {len(gone)} gone"
+            )
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(partition_key=k, run_key=f"{family}:{k}") for k in new],
+            dynamic_partitions_requests=[partitions.build_add_request(new)],
+        )
+
+    return _discover
+
+
+def nightly_schedule(family: str, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
+    partitions, sources, versions = FAMILIES[family]
+
+    @dg.schedule(
+        name=f"{family}_nightly",
+        cron_schedule=NIGHTLY_CRON,
+        job=job,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+    )
+    def _nightly(
+        context: dg.ScheduleEvaluationContext, raw: RawFolderResource, zarr_store: ZarrStoreResource
+    ):
+        """Rebuild partitions that are missing, built by older code, or older than their source.
+
+        Only stat calls and commit records: cheap enough for every partition every night.
+        Unchanged partitions in a run are reused, not rebuilt.
+        """
+        store, found = zarr_store.store(), sources(raw)
+        when = context.scheduled_execution_time.strftime("%Y-%m-%d")
+        requests = []
+        for key in context.instance.get_dynamic_partitions(partitions.name):
+            if key not in found:
+                continue
+            reasons = (store.outdated(a, key, v, found[key]) for a, v in versions.items())
+            reason = next((r for r in reasons if r), None)
+            if reason:
+                requests.append(
+                    dg.RunRequest(
+                        partition_key=key,
+                        run_key=f"{family}:{key}:{when}",
+                        tags={"zarrfeed/reason": reason},
+                    )
+                )
+        return requests or dg.SkipReason(f"all {family} partitions are current")
+
+    return _nightly
+
+
+build_jobs = {family: build_job(family) for family in FAMILIES}
+datasets_build = dg.define_asset_job(
+    "datasets_build",
+    selection=dg.AssetSelection.groups("datasets"),
+    description="Rewrite the dataset manifests from the committed partitions.",
+)
+sensors = [discovery_sensor(f, j) for f, j in build_jobs.items()]
+schedules = [nightly_schedule(f, j) for f, j in build_jobs.items()]
+
+datasets_automation = dg.AutomationConditionSensorDefinition(
+    "datasets_automation",
+    target=dg.AssetSelection.groups("datasets"),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=15,
+)

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from zarrfeed.formats.discover import find_ct_scans, read_ct_rate_metadata
+from zarrfeed.formats.discover import (
+    SpikeSequence,
+    find_ct_scans,
+    find_image_sets,
+    find_spike_sequences,
+    read_ct_rate_metadata,
+)
 from zarrfeed.store import ZarrStore
 
 DEFAULT_STORE = os.environ.get("ZARRFEED_STORE", "data/zarrfeed.zarr")
@@ -34,10 +40,49 @@ class RawFolderResource(dg.ConfigurableResource):
     def ct_metadata(self) -> dict[str, dict[str, str]]:
         return read_ct_rate_metadata(self.root)
 
+    def spike_sequences(self) -> dict[str, SpikeSequence]:
+        return find_spike_sequences(self.root)
+
+    def image_sets(self) -> dict[str, Path]:
+        return find_image_sets(self.root)
+
+
+class BuildOptions(dg.ConfigurableResource):
+    """``force`` rebuilds partitions whose inputs, code and parameters are unchanged.
+
+    Without it a partition already committed from the same inputs is reused (and re-checked),
+    which makes reruns and retried backfills cheap.  Set per run in the launchpad
+    (``resources: build: config: force: true``) or with ``ZARRFEED_FORCE=1``.
+    """
+
+    force: bool = os.environ.get("ZARRFEED_FORCE", "") in ("1", "true", "yes")
+
 
 class CTSettings(dg.ConfigurableResource):
-    """How CT volumes are preprocessed; recorded in every partition's provenance."""
+    """How CT volumes are preprocessed and indexed; recorded in every partition's provenance."""
 
     # Pydantic copies field defaults per instance, so list defaults are safe here.
     spacing_zyx_mm: list[float] = [1.5, 0.75, 0.75]  # noqa: RUF012  (CT-CLIP geometry)
     windows: list[str] = ["lung", "mediastinum", "bone"]  # noqa: RUF012
+    sparse_threshold: float = 0.5  # a voxel is occupied where its windowed value exceeds this
+    sparse_grid: int = 64  # occupancy grid edge (TRELLIS 64³); 0 keeps full resolution
+    min_points: int = 16
+    patch_zyx: list[int] = [64, 64, 64]  # noqa: RUF012
+    patch_stride_zyx: list[int] = [64, 64, 64]  # noqa: RUF012
+    body_hu: float = -500.0  # voxels above this count as body for the patch filter
+    min_body_fraction: float = 0.25
+
+
+class SpikeSettings(dg.ConfigurableResource):
+    """Spike voxelisation: camera frames per sample are summed into ``bins`` count images."""
+
+    bins: int = 5  # seed 001: 10 high-speed frames → 5 bins
+
+
+class ImageSettings(dg.ConfigurableResource):
+    """The image patch grid and its foreground filter."""
+
+    patch_yx: list[int] = [128, 128]  # noqa: RUF012
+    stride_yx: list[int] = [64, 64]  # noqa: RUF012
+    foreground: float = 0.02  # grey level (0–1) above which a pixel is foreground
+    min_foreground_fraction: float = 0.5

@@ -161,10 +161,12 @@ class ZarrStore:
         group = zarr.open_group(writer._zstore, mode="r+")
         group.attrs.update(writer.attrs)
         stored = sum(self.fs.du(staging, total=False).values())
+        now = time.time()
         record = {
             "asset": asset,
             "key": key,
-            "committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "committed_unix": now,
             "zarrfeed_version": zarrfeed.__version__,
             "arrays": writer.summary(),
             "stored_bytes": int(stored),
@@ -240,6 +242,23 @@ class ZarrStore:
     def has_partition(self, asset: str, key: str) -> bool:
         return self.fs.exists(self._record_path(asset, key))
 
+    def outdated(
+        self, asset: str, key: str, code_version: str, source_mtime: float | None = None
+    ) -> str | None:
+        """Why partition ``key`` of ``asset`` needs a rebuild, or None when it is current.
+
+        Missing, built by another code version, or older than its source's last change: the
+        cheap tests a nightly schedule can afford for every partition (no hashing).
+        """
+        if not self.has_partition(asset, key):
+            return "missing"
+        record = self.commit_record(asset, key)
+        if record["attrs"].get("code_version") != code_version:
+            return f"code version {record['attrs'].get('code_version')} → {code_version}"
+        if source_mtime is not None and source_mtime > record.get("committed_unix", 0):
+            return "source changed after the last build"
+        return None
+
     def commit_record(self, asset: str, key: str) -> dict[str, Any]:
         """The commit record of a partition: its arrays, stored bytes and provenance."""
         try:
@@ -262,9 +281,15 @@ class ZarrStore:
             raise StoreError(f"partition {asset}/{key} has no array {name!r}: {arrays}") from None
 
     # manifests ---------------------------------------------------------------------------
-    def build_manifest(self, asset: str, **extra: Any) -> dict[str, Any]:
-        """Counts, shapes, dtypes and bytes of every committed partition (seed 003's manifest)."""
-        records = [self.commit_record(asset, k) for k in self.list_partitions(asset)]
+    def build_manifest(
+        self, asset: str, keys: list[str] | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """Counts, shapes, dtypes and bytes of committed partitions (seed 003's manifest).
+
+        ``keys`` limits it to those partitions (default: every committed one).
+        """
+        keys = self.list_partitions(asset) if keys is None else keys
+        records = [self.commit_record(asset, k) for k in keys]
         arrays: dict[str, dict[str, Any]] = {}
         for r in records:
             for name, a in r["arrays"].items():
@@ -309,13 +334,35 @@ class ZarrStore:
 
     def write_manifest(self, asset: str, **extra: Any) -> dict[str, Any]:
         manifest = self.build_manifest(asset, **extra)
+        self._write_manifest(asset, manifest)
+        return manifest
+
+    def write_dataset(self, name: str, assets: list[str], **extra: Any) -> dict[str, Any]:
+        """The manifest of a dataset made of several assets: the keys committed in all of them.
+
+        Keys present in only some assets (a partition still building, or one that failed)
+        are listed as ``incomplete`` and left out, so readers never meet half a sample.
+        """
+        committed = {a: set(self.list_partitions(a)) for a in assets}
+        keys = sorted(set.intersection(*committed.values())) if committed else []
+        manifest = {
+            "dataset": name,
+            "store": self.url,
+            "keys": keys,
+            "incomplete": sorted(set().union(*committed.values()) - set(keys)),
+            "assets": {a: self.build_manifest(a, keys=keys) for a in assets},
+            **extra,
+        }
+        self._write_manifest(name, manifest)
+        return manifest
+
+    def _write_manifest(self, name: str, manifest: dict[str, Any]) -> None:
         data = json.dumps(manifest, indent=1, default=_json_default).encode()
-        target = self._meta("manifests", f"{check_asset(asset)}.json")
+        target = self._meta("manifests", f"{check_asset(name)}.json")
         if self.local:
             _atomic_write_local(target, data)
         else:
             self.fs.pipe_file(target, data)
-        return manifest
 
     def read_manifest(self, asset: str) -> dict[str, Any]:
         try:

@@ -1,0 +1,145 @@
+"""How every partitioned asset runs: one partition or a batch, reuse or rebuild, then checks.
+
+An asset supplies ``build(key) -> Built``; :func:`materialize_partitions` runs it for the run's
+partition (sensor, schedule and UI runs) or for each partition of a batched backfill run, and
+turns the results into one ``MaterializeResult``.  Dagster 1.13 records one materialisation
+and one check result per asset per step, whatever the number of partitions, so a batch reports
+per-partition facts in a table and a check passes only when it passed for every partition.
+"""
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from zarrfeed.assets.metadata import partition_metadata
+from zarrfeed.errors import ZarrfeedError
+from zarrfeed.store import ZarrStore
+
+# Backfills of derived assets run this many partitions per run: the ~1–2 s start-up of a run
+# is paid once per batch instead of once per partition (benchmarks/build.py).
+BATCH = dg.BackfillPolicy.multi_run(max_partitions_per_run=16)
+
+
+@dataclass
+class Built:
+    """What building (or reusing) one partition reports."""
+
+    metadata: dict[str, Any]
+    checks: dict[str, tuple[bool, dict[str, Any]]] = field(default_factory=dict)
+    data_version: str | None = None
+
+
+def fingerprint(code_version: str, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> str:
+    """A hash of everything a partition's content depends on (stored in its provenance)."""
+    blob = json.dumps([code_version, params, inputs], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def upstream_input(store: ZarrStore, asset: str, key: str) -> dict[str, Any]:
+    """The identity of an upstream partition as an input of a fingerprint."""
+    attrs = store.commit_record(asset, key)["attrs"]
+    return {
+        "asset": asset,
+        "fingerprint": attrs.get("fingerprint"),
+        "sha": attrs.get("source_sha256"),
+    }
+
+
+def reuse(store: ZarrStore, asset: str, key: str, fp: str, force: bool) -> bool:
+    """True when the committed partition was built from the same inputs, code and params."""
+    if force or not store.has_partition(asset, key):
+        return False
+    return store.commit_record(asset, key)["attrs"].get("fingerprint") == fp
+
+
+def report(store: ZarrStore, asset: str, key: str, seconds: float | None, **extra: Any) -> dict:
+    """Standard metadata of a partition; ``seconds=None`` marks a reused partition."""
+    meta = partition_metadata(store, asset, key, seconds or 0.0)
+    return {**meta, "reused": seconds is None, **extra}
+
+
+def partitioned_asset(
+    *,
+    partitions_def: dg.PartitionsDefinition,
+    group: str,
+    code_version: str,
+    checks: tuple[str, ...],
+    deps: tuple = (),
+    batched: bool = True,
+) -> Callable:
+    """``@dg.asset`` with zarrfeed's conventions: blocking checks, batched backfills."""
+
+    def wrap(fn: Callable) -> dg.AssetsDefinition:
+        return dg.asset(
+            partitions_def=partitions_def,
+            deps=list(deps),
+            group_name=group,
+            code_version=code_version,
+            backfill_policy=BATCH if batched else None,
+            check_specs=[dg.AssetCheckSpec(c, asset=fn.__name__, blocking=True) for c in checks],
+        )(fn)
+
+    return wrap
+
+
+def materialize_partitions(
+    context: dg.AssetExecutionContext, build: Callable[[str], Built]
+) -> dg.MaterializeResult:
+    """Build every partition of the run and report them with the selected checks."""
+    check_names = [k.name for k in context.selected_asset_check_keys]
+    keys = context.partition_keys
+    if len(keys) == 1:
+        built = build(keys[0])
+        return dg.MaterializeResult(
+            metadata=built.metadata,
+            data_version=dg.DataVersion(built.data_version) if built.data_version else None,
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name=n, passed=built.checks[n][0], metadata=built.checks[n][1]
+                )
+                for n in check_names
+            ],
+        )
+    t0 = time.perf_counter()
+    results: dict[str, Built] = {}
+    errors: dict[str, str] = {}
+    for key in keys:
+        try:
+            results[key] = build(key)
+        except (ZarrfeedError, dg.Failure, OSError, ValueError) as exc:
+            errors[key] = str(exc)
+            context.log.error(f"partition {key} failed: {exc}")
+    if errors:
+        # Good partitions are committed and will be reused by the retry; the failing ones
+        # are named so the retry (or a single-partition run) can be aimed at them.
+        raise dg.Failure(
+            description=f"{len(errors)} of {len(keys)} partitions failed: "
+            + "; ".join(f"{k}: {e}" for k, e in errors.items()),
+            metadata={"failed": dg.MetadataValue.json(errors)},
+        )
+    rows = {
+        k: {n: v for n, v in b.metadata.items() if isinstance(v, int | float | str | bool)}
+        for k, b in results.items()
+    }
+    return dg.MaterializeResult(
+        metadata={
+            "batch_partitions": len(keys),
+            "batch_seconds": round(time.perf_counter() - t0, 3),
+            "partitions": dg.MetadataValue.json(rows),
+        },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name=n,
+                passed=all(b.checks[n][0] for b in results.values()),
+                metadata={
+                    "failed_partitions": [k for k, b in results.items() if not b.checks[n][0]]
+                },
+            )
+            for n in check_names
+        ],
+    )
