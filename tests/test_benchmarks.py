@@ -8,14 +8,25 @@ from pathlib import Path
 import pytest
 
 BENCH_LINE = re.compile(r"^BENCH (\S+) (-?[0-9.]+(?:e[-+]?\d+)?) (x|s|MB|share|\S+)( .*)?$")
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def bench_names(script: str) -> set[str]:
+    out = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    lines = [ln for ln in out.splitlines() if ln.startswith("BENCH")]
+    assert all(BENCH_LINE.match(ln) for ln in lines), lines
+    return {BENCH_LINE.match(ln).group(1) for ln in lines}
 
 
 @pytest.mark.slow
 def test_transforms_benchmark_quick():
-    script = Path(__file__).parents[1] / "benchmarks" / "transforms.py"
-    out = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
-    lines = [ln for ln in out.splitlines() if ln.startswith("BENCH")]
-    names = {BENCH_LINE.match(ln).group(1) for ln in lines}
     assert {"transforms.sparse_vs_argwhere", "transforms.patch_index_memory_ratio",
-            "transforms.window_vs_float64", "transforms.spike_bins_vs_loop"} <= names  # fmt: skip
+            "transforms.window_vs_float64", "transforms.spike_bins_vs_loop"} <= bench_names(
+        "transforms.py")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_build_benchmark_quick():
+    assert {"build.ct_scan_vs_naive", "build.ct_scan_seconds", "build.dagster_overhead_s.single",
+            "build.dagster_overhead_s.batched"} <= bench_names("build.py")  # fmt: skip

@@ -9,6 +9,7 @@ from zarrfeed.formats import (
     read_dicom_series,
     read_image,
     read_nifti,
+    read_nifti_header,
     read_npy,
     read_npz,
     write_image,
@@ -63,10 +64,19 @@ def test_nifti_reorients_an_lps_file_to_canonical(tmp_path):
     vol = read_nifti(tmp_path / "lps.nii")
     assert vol.meta["orientation_on_disk"] == "LPS" and vol.meta["orientation"] == "RAS"
     np.testing.assert_array_equal(vol.data, xyz[::-1, ::-1, :].transpose(2, 1, 0))
+    # A permuted, anisotropic file: the header alone must give read_nifti's shape and spacing.
+    nib.save(nib.Nifti1Image(xyz, np.array([[0, 0, 3.0, 0], [-0.5, 0, 0, 0], [0, 0.7, 0, 0],
+                                            [0, 0, 0, 1]])), tmp_path / "perm.nii")  # fmt: skip
+    for name in ("lps.nii", "perm.nii"):
+        header, full = read_nifti_header(tmp_path / name), read_nifti(tmp_path / name)
+        assert header.shape == full.shape and header.spacing == pytest.approx(full.spacing)
+        assert header.meta["dtype"] == "int16"
     bad = tmp_path / "bad.nii.gz"
     bad.write_bytes(b"garbage")
     with pytest.raises(InputError, match=r"bad\.nii\.gz"):
         read_nifti(bad)
+    with pytest.raises(InputError, match=r"bad\.nii\.gz"):
+        read_nifti_header(bad)
 
 
 def test_npy_npz_refuse_pickles_and_name_keys(tmp_path):

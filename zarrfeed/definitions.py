@@ -1,19 +1,12 @@
 """The Dagster code location (``dagster dev -w workspace.yaml``), assembled here only."""
 
 import os
-import warnings
 
 import dagster as dg
 
-# backfill_policy= is marked beta in dagster 1.13; it is the documented way to batch.
-warnings.filterwarnings("ignore", category=dg.BetaWarning)
-# Raw ingest runs one partition per run (per-file data versions) while derived assets batch:
-# family jobs then backfill one partition per run, asset backfills batch.  Intended.
-warnings.filterwarnings("ignore", message=".*materializes assets with varying BackfillPolicies")
-
-from zarrfeed.assets import all_assets  # noqa: E402
-from zarrfeed.jobs import build_jobs, datasets_automation, datasets_build, schedules, sensors  # noqa: E402
-from zarrfeed.resources import (  # noqa: E402
+from zarrfeed.assets import all_assets
+from zarrfeed.jobs import build_jobs, datasets_automation, datasets_build, schedules, sensors
+from zarrfeed.resources import (
     BuildOptions,
     CTSettings,
     ImageSettings,

@@ -15,6 +15,7 @@ import numpy as np
 
 from zarrfeed.assets.build import (
     Built,
+    checked_arrays,
     fingerprint,
     materialize_partitions,
     partitioned_asset,
@@ -24,13 +25,14 @@ from zarrfeed.assets.build import (
 )
 from zarrfeed.assets.metadata import preview
 from zarrfeed.assets.partitions import ct_scans
-from zarrfeed.formats import read_nifti
+from zarrfeed.formats import read_nifti, read_nifti_header
 from zarrfeed.formats.discover import rescale_from_metadata
 from zarrfeed.resources import BuildOptions, CTSettings, RawFolderResource, ZarrStoreResource
 from zarrfeed.store import file_sha256, provenance
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.sparse import occupancy_coords
+from zarrfeed.transforms.stats import finite_range
 
 HU_ASSET, WINDOWS_ASSET, SPARSE_ASSET, PATCHES_ASSET = (
     "ct/hu",
@@ -65,8 +67,7 @@ def ct_raw_scan(context: dg.AssetExecutionContext, raw: RawFolderResource) -> dg
     """
     path = _raw_path(raw.ct_scans(), context.partition_key, raw.root)
     sha = file_sha256(path)
-    vol = read_nifti(path)
-    finite = bool(np.isfinite(vol.data).all())
+    vol = read_nifti_header(path)  # the voxels are decoded (and checked) by ct_hu
     return dg.MaterializeResult(
         data_version=dg.DataVersion(sha),
         metadata={
@@ -74,16 +75,15 @@ def ct_raw_scan(context: dg.AssetExecutionContext, raw: RawFolderResource) -> dg
             "sha256": sha,
             "shape_zyx": str(vol.shape),
             "spacing_zyx_mm": str(tuple(round(s, 4) for s in vol.spacing)),
-            "stored_dtype": str(vol.data.dtype),
-            "stores_hu": ct.is_hu(vol.data),
+            "stored_dtype": vol.meta["dtype"],
             "orientation_on_disk": vol.meta["orientation_on_disk"],
             "file_bytes": path.stat().st_size,
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name="readable",
-                passed=finite and min(vol.shape) > 1 and min(vol.spacing) > 0,
-                metadata={"finite": finite, "shape": str(vol.shape)},
+                passed=min(vol.shape) > 1 and min(vol.spacing) > 0,
+                metadata={"shape": str(vol.shape), "spacing": str(vol.spacing)},
             )
         ],
     )
@@ -118,10 +118,11 @@ def ct_hu(
         vol = read_nifti(path)
         already_hu = ct.is_hu(vol.data)
         hu = ct.to_hu(vol.data, slope, intercept, already_hu)
-        seconds = None
+        seconds, fresh = None, None
         if not reuse(store, HU_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
             out = ct.preprocess(hu, vol.spacing, preset)
+            fresh = {"hu": out}
             attrs = provenance(
                 str(path),
                 sha,
@@ -133,7 +134,7 @@ def ct_hu(
             with store.write_partition(HU_ASSET, key, attrs) as w:
                 w.write("hu", out, dimension_names=("z", "y", "x"))
             seconds = time.perf_counter() - t0
-        out = store.open_array(HU_ASSET, key, "hu")[...]
+        out = checked_arrays(store, HU_ASSET, key, fresh)["hu"]
         lo, hi = preset.clip
         rng = np.random.default_rng(0)
         points = np.stack([rng.integers(0, n, VERIFY_POINTS) for n in out.shape], axis=1)
@@ -187,10 +188,11 @@ def ct_windows(
     def one(key: str) -> Built:
         source = upstream_input(store, HU_ASSET, key)
         fp = fingerprint(VERSIONS[WINDOWS_ASSET], params, {"hu": source})
-        seconds = None
+        seconds, fresh = None, None
         if not reuse(store, WINDOWS_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
             hu = store.open_array(HU_ASSET, key, "hu")[...]
+            fresh = {name: ct.apply_window(hu, name) for name in params}
             attrs = provenance(
                 store.path(HU_ASSET, key),
                 source["sha"],
@@ -199,18 +201,15 @@ def ct_windows(
                 fingerprint=fp,
             )
             with store.write_partition(WINDOWS_ASSET, key, attrs) as w:
-                for name in params:
-                    w.write(name, ct.apply_window(hu, name), dimension_names=("z", "y", "x"))
+                for name, data in fresh.items():
+                    w.write(name, data, dimension_names=("z", "y", "x"))
             seconds = time.perf_counter() - t0
-        group = store.open_partition(WINDOWS_ASSET, key)
         bad, first = {}, None
-        for name in params:
-            d = group[name][...]
+        for name, d in checked_arrays(store, WINDOWS_ASSET, key, fresh).items():
             first = d if first is None else first
-            if not (
-                d.dtype == np.float16 and np.isfinite(d).all() and d.min() >= 0 and d.max() <= 1
-            ):
-                bad[name] = [str(d.dtype), float(d.min()), float(d.max())]
+            lo, hi, finite = finite_range(d)
+            if not (d.dtype == np.float16 and finite and lo >= 0 and hi <= 1):
+                bad[name] = [str(d.dtype), lo, hi, finite]
         return Built(
             metadata=report(
                 store,
@@ -253,7 +252,7 @@ def ct_sparse(
         fp = fingerprint(VERSIONS[SPARSE_ASSET], params, {"windows": source})
         windows = store.open_partition(WINDOWS_ASSET, key)
         names = sorted(windows.array_keys())
-        seconds = None
+        seconds, fresh = None, None
         if not reuse(store, SPARSE_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
             attrs = provenance(
@@ -263,17 +262,14 @@ def ct_sparse(
                 params,
                 fingerprint=fp,
             )
+            threshold = ct_settings.sparse_threshold
+            fresh = {n: occupancy_coords(windows[n][...], threshold, grid) for n in names}
             with store.write_partition(SPARSE_ASSET, key, attrs) as w:
-                for name in names:
-                    coords = occupancy_coords(
-                        windows[name][...], ct_settings.sparse_threshold, grid
-                    )
+                for name, coords in fresh.items():
                     w.write(name, coords, read="rows", dimension_names=("point", "axis"))
             seconds = time.perf_counter() - t0
-        sparse = store.open_partition(SPARSE_ASSET, key)
         counts, out_of_bounds = {}, {}
-        for name in names:
-            coords = sparse[name][...]
+        for name, coords in checked_arrays(store, SPARSE_ASSET, key, fresh).items():
             bound = np.array((grid,) * 3 if grid else windows[name].shape)
             counts[name] = len(coords)
             if coords.dtype != np.uint16 or coords.ndim != 2 or (coords >= bound).any():
@@ -327,7 +323,7 @@ def ct_patches(
         grid = PatchGrid.make(
             hu.shape, tuple(min(p, n) for p, n in zip(patch, hu.shape, strict=True)), stride
         )
-        seconds = None
+        seconds, fresh = None, None
         if not reuse(store, PATCHES_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
             fractions = patch_fractions(hu[...] > ct_settings.body_hu, grid)
@@ -341,12 +337,13 @@ def ct_patches(
                 volume_shape=list(hu.shape),
                 patch_shape=list(grid.patch),
             )
+            fresh = {"origins": grid.origins(keep).astype(np.uint16), "fraction": fractions[keep]}
             with store.write_partition(PATCHES_ASSET, key, attrs) as w:
-                w.write("origins", grid.origins(keep).astype(np.uint16), read="rows")
-                w.write("fraction", fractions[keep], read="rows")
+                for name, data in fresh.items():
+                    w.write(name, data, read="rows")
             seconds = time.perf_counter() - t0
-        group = store.open_partition(PATCHES_ASSET, key)
-        origins, frac = group["origins"][...], group["fraction"][...]
+        arrays = checked_arrays(store, PATCHES_ASSET, key, fresh)
+        origins, frac = arrays["origins"], arrays["fraction"]
         inside = bool(((origins + np.array(grid.patch)) <= np.array(hu.shape)).all())
         return Built(
             metadata=report(

@@ -3,7 +3,7 @@
 from zarrfeed.formats.arrays import read_npy, read_npz
 from zarrfeed.formats.dicom import read_dicom_series
 from zarrfeed.formats.images import read_image, write_image
-from zarrfeed.formats.nifti import read_nifti, write_nifti
+from zarrfeed.formats.nifti import read_nifti, read_nifti_header, write_nifti
 from zarrfeed.formats.spike import read_dat, write_dat
 from zarrfeed.formats.volume import Volume
 
@@ -13,6 +13,7 @@ __all__ = [
     "read_dicom_series",
     "read_image",
     "read_nifti",
+    "read_nifti_header",
     "read_npy",
     "read_npz",
     "write_dat",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import nibabel as nib
@@ -11,13 +12,7 @@ from zarrfeed.errors import InputError
 from zarrfeed.formats.volume import Volume
 
 
-def read_nifti(path: str | Path, canonical: bool = True) -> Volume:
-    """Read stored values, header rescale, spacing and orientation of a 3-D NIfTI file.
-
-    With ``canonical`` the voxel axes are first brought to RAS+ (``as_closest_canonical``)
-    and then transposed to (z, y, x) = (S, A, R), so every scan has the same orientation.
-    """
-    path = Path(path)
+def _load(path: Path) -> nib.Nifti1Image:
     try:
         img = nib.load(path)
     except Exception as exc:  # nibabel raises several unrelated types for bad files
@@ -26,6 +21,44 @@ def read_nifti(path: str | Path, canonical: bool = True) -> Volume:
         raise InputError(path, "a NIfTI image", type(img).__name__)
     if len(img.shape) != 3:
         raise InputError(path, "a 3-D volume", f"shape {img.shape}")
+    return img
+
+
+@dataclass(frozen=True)
+class NiftiHeader:
+    """What the header says, in the canonical (z, y, x) order of :func:`read_nifti`."""
+
+    shape: tuple[int, int, int]
+    spacing: tuple[float, float, float]
+    meta: dict[str, str]
+
+
+def read_nifti_header(path: str | Path) -> NiftiHeader:
+    """Shape, spacing, dtype and orientation without decoding the voxels (cheap for .nii.gz)."""
+    path = Path(path)
+    img = _load(path)
+    ornt = nib.orientations.io_orientation(img.affine)
+    order = ornt[:, 0].argsort()
+    shape = tuple(int(img.shape[int(a)]) for a in order)[::-1]
+    zooms = tuple(float(img.header.get_zooms()[int(a)]) for a in order)[::-1]
+    return NiftiHeader(
+        shape=shape,
+        spacing=zooms,
+        meta={
+            "dtype": str(img.get_data_dtype()),
+            "orientation_on_disk": "".join(nib.aff2axcodes(img.affine)),
+        },
+    )
+
+
+def read_nifti(path: str | Path, canonical: bool = True) -> Volume:
+    """Read stored values, header rescale, spacing and orientation of a 3-D NIfTI file.
+
+    With ``canonical`` the voxel axes are first brought to RAS+ (``as_closest_canonical``)
+    and then transposed to (z, y, x) = (S, A, R), so every scan has the same orientation.
+    """
+    path = Path(path)
+    img = _load(path)
     axcodes = "".join(nib.aff2axcodes(img.affine))
     slope, intercept = img.dataobj.slope, img.dataobj.inter
     data = np.asarray(img.dataobj.get_unscaled())

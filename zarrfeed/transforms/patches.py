@@ -82,18 +82,20 @@ class PatchGrid:
 def patch_fractions(mask: np.ndarray, grid: PatchGrid) -> np.ndarray:
     """Foreground fraction of every patch of ``grid`` over ``mask`` (float32, one per patch).
 
-    A summed-area table makes each patch O(2^ndim) however large it is.
+    A summed-area table makes each patch O(2^ndim) however large it is; it is built in place
+    in int32 when the count fits (half the memory traffic of int64 on a 512³ volume).
     """
     if tuple(mask.shape) != grid.shape:
         raise ValueError(f"mask shape {mask.shape} != grid shape {grid.shape}")
-    sat = np.zeros(tuple(n + 1 for n in mask.shape), dtype=np.int64)
-    inner = np.asarray(mask != 0, dtype=np.int64)
+    dtype = np.int32 if mask.size < 2**31 else np.int64
+    sat = np.zeros(tuple(n + 1 for n in mask.shape), dtype=dtype)
+    inner = sat[tuple(slice(1, None) for _ in mask.shape)]
+    np.not_equal(mask, 0, out=inner, casting="unsafe")
     for axis in range(mask.ndim):
-        inner = np.cumsum(inner, axis=axis)
-    sat[tuple(slice(1, None) for _ in mask.shape)] = inner
+        np.cumsum(inner, axis=axis, out=inner)
     lo = grid.origins()
     hi = lo + np.array(grid.patch)
-    total = np.zeros(len(lo), dtype=np.int64)
+    total = np.zeros(len(lo), dtype=np.int64)  # corner sums may exceed int32 before cancelling
     for corner in product((0, 1), repeat=mask.ndim):
         point = np.where(np.array(corner, dtype=bool), hi, lo)
         sign = -1 if (mask.ndim - sum(corner)) % 2 else 1

@@ -8,8 +8,6 @@ narrowest dtype up front.
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 COORD_DTYPE = np.uint16
 
@@ -32,19 +30,25 @@ def coords_from_mask(mask: np.ndarray) -> np.ndarray:
 def downsample_occupancy(mask: np.ndarray, grid: int | tuple[int, ...]) -> np.ndarray:
     """Occupancy on a coarser grid (e.g. TRELLIS 64³): a cell is on if any voxel in it is.
 
-    Block reduction when the shape is a multiple of the grid; otherwise adaptive max pooling,
-    so the volume need not be a multiple of the grid.
+    Voxel ``i`` of an axis of length ``n`` belongs to cell ``floor(i·g/n)``, so the shape
+    need not be a multiple of the grid.  One ``logical_or.reduceat`` per axis, the first of
+    which shrinks the data g/n-fold: 0.1 s for a 200×464×464 volume where float adaptive
+    pooling took 1 s.
     """
     grid = (grid,) * mask.ndim if isinstance(grid, int) else tuple(grid)
-    if mask.ndim != 3:
-        raise ValueError(f"expected a 3-D mask, got shape {mask.shape}")
-    if all(n % g == 0 for n, g in zip(mask.shape, grid, strict=True)):
-        blocks = [x for n, g in zip(mask.shape, grid, strict=True) for x in (g, n // g)]
-        return np.asarray(mask, dtype=bool).reshape(blocks).any(axis=(1, 3, 5))
-    t = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))
-    with torch.inference_mode():
-        pooled = F.adaptive_max_pool3d(t[None, None], grid)[0, 0]
-    return pooled.numpy() > 0
+    if len(grid) != mask.ndim:
+        raise ValueError(f"grid {grid} does not match mask shape {mask.shape}")
+    out = np.asarray(mask, dtype=bool)
+    for axis, (n, g) in enumerate(zip(mask.shape, grid, strict=True)):
+        if n >= g:  # every cell has at least one voxel: contiguous, increasing starts
+            out = np.logical_or.reduceat(out, -(-np.arange(g) * n // g), axis=axis)
+        else:  # upsampling: each voxel lands in one cell, the cells between stay off
+            up = np.zeros((*out.shape[:axis], g, *out.shape[axis + 1 :]), dtype=bool)
+            index = [slice(None)] * out.ndim
+            index[axis] = np.arange(n) * g // n
+            up[tuple(index)] = out
+            out = up
+    return out
 
 
 def occupancy_coords(
