@@ -54,6 +54,30 @@ def read_ct_rate_metadata(root: str | Path) -> dict[str, dict[str, str]]:
     return rows
 
 
+def read_ct_rate_labels(root: str | Path) -> tuple[list[str], dict[str, list[int]]]:
+    """(label names, VolumeName stem → 0/1 row) from every ``*labels*.csv`` under ``root``."""
+    names: list[str] = []
+    rows: dict[str, list[int]] = {}
+    for csv_path in sorted(Path(root).rglob("*labels*.csv")):
+        with open(csv_path, newline="") as f:
+            reader = csv.DictReader(f)
+            columns = [c for c in reader.fieldnames or [] if c != "VolumeName"]
+            if not reader.fieldnames or "VolumeName" not in reader.fieldnames or not columns:
+                raise InputError(csv_path, "a CT-RATE label CSV: VolumeName + label columns",
+                                 str(reader.fieldnames))  # fmt: skip
+            if names and columns != names:
+                raise InputError(
+                    csv_path, f"the label columns of the other CSVs {names}", str(columns)
+                )
+            names = columns
+            for row in reader:
+                try:
+                    rows[ct_stem(Path(row["VolumeName"]))] = [int(float(row[c])) for c in names]
+                except ValueError as exc:
+                    raise InputError(csv_path, "0/1 labels", f"{row['VolumeName']}: {exc}") from exc
+    return names, rows
+
+
 def rescale_from_metadata(row: dict[str, str] | None) -> tuple[float, float]:
     """(slope, intercept) from a metadata row; (1, 0) when there is none."""
     if not row:

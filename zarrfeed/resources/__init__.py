@@ -12,6 +12,7 @@ from zarrfeed.formats.discover import (
     find_ct_scans,
     find_image_sets,
     find_spike_sequences,
+    read_ct_rate_labels,
     read_ct_rate_metadata,
 )
 from zarrfeed.store import ZarrStore
@@ -39,6 +40,9 @@ class RawFolderResource(dg.ConfigurableResource):
 
     def ct_metadata(self) -> dict[str, dict[str, str]]:
         return read_ct_rate_metadata(self.root)
+
+    def ct_labels(self) -> tuple[list[str], dict[str, list[int]]]:
+        return read_ct_rate_labels(self.root)
 
     def spike_sequences(self) -> dict[str, SpikeSequence]:
         return find_spike_sequences(self.root)

@@ -356,6 +356,30 @@ class ZarrStore:
         self._write_manifest(name, manifest)
         return manifest
 
+    def consolidate(
+        self, dataset: str, asset: str, keys: list[str], arrays: list[str]
+    ) -> dict[str, Any]:
+        """Concatenate ``arrays`` of ``asset`` over ``keys`` into one partition for training.
+
+        Written as partition ``<asset's last part>`` of ``datasets/<dataset>`` with an
+        ``offsets`` array (rows of key ``i`` are ``offsets[i]:offsets[i+1]``), so a loader
+        over 10,000 partitions opens one group instead of 10,000.
+        """
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in arrays}
+        counts = []
+        for key in keys:
+            group = self.open_partition(asset, key)
+            for name in arrays:
+                parts[name].append(group[name][...])
+            counts.append(len(parts[arrays[0]][-1]))
+        offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        attrs = {"source_asset": asset, "keys": keys}
+        with self.write_partition(f"datasets/{dataset}", asset.rsplit("/", 1)[-1], attrs) as w:
+            w.write("offsets", offsets, read="whole")
+            for name, chunks in parts.items():
+                w.write(name, np.concatenate(chunks) if chunks else np.zeros(0), read="rows")
+        return {"rows": int(offsets[-1]), "keys": len(keys)}
+
     def _write_manifest(self, name: str, manifest: dict[str, Any]) -> None:
         data = json.dumps(manifest, indent=1, default=_json_default).encode()
         target = self._meta("manifests", f"{check_asset(name)}.json")

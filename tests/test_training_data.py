@@ -1,0 +1,214 @@
+"""Training datasets, the shared cache and loader sizing, on a store built by the real assets."""
+
+import multiprocessing as mp
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from zarrfeed.assets import all_assets
+from zarrfeed.assets.partitions import ct_scans, image_sets, spike_sequences
+from zarrfeed.errors import StoreError
+from zarrfeed.formats.discover import read_ct_rate_labels
+from zarrfeed.training import (
+    CTPatchDataset,
+    ImagePatchDataset,
+    SharedArrayCache,
+    SparsePointsDataset,
+    SpikeClipDataset,
+    collate_points,
+    make_loader,
+    plan_loader,
+)
+
+CT_KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, sample_dir):
+    """Every family of the sample data materialised into one store (session-wide)."""
+    from zarrfeed.definitions import RESOURCES
+    from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+
+    tmp = tmp_path_factory.mktemp("built")
+    raw = tmp / "raw"
+    shutil.copytree(sample_dir, raw)
+    resources = {
+        **RESOURCES,
+        "zarr_store": ZarrStoreResource(url=str(tmp / "store.zarr")),
+        "raw": RawFolderResource(root=str(raw)),
+        # 2 mm voxels give 64³ patches room inside the small phantoms
+        "ct_settings": CTSettings(spacing_zyx_mm=[2.0, 2.0, 2.0], windows=["lung", "bone"],
+                                  patch_zyx=[16, 32, 32], patch_stride_zyx=[16, 32, 32]),
+    }  # fmt: skip
+    (tmp / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp / "home")) as instance:
+        found = {
+            ct_scans.name: sorted(resources["raw"].ct_scans()),
+            spike_sequences.name: sorted(resources["raw"].spike_sequences()),
+            image_sets.name: sorted(resources["raw"].image_sets()),
+        }
+        for name, keys in found.items():
+            instance.add_dynamic_partitions(name, keys)
+            for key in keys:
+                partitioned = [a for a in all_assets if a.partitions_def is not None
+                               and a.partitions_def.name == name]  # fmt: skip
+                dg.materialize(partitioned, partition_key=key, resources=resources,
+                               instance=instance)  # fmt: skip
+        unpartitioned = [a for a in all_assets if a.partitions_def is None]
+        dg.materialize(unpartitioned, resources=resources, instance=instance)
+    return resources["zarr_store"].store(), raw
+
+
+@pytest.fixture
+def cache_gb():
+    return 0.25
+
+
+def test_ct_patches_match_the_store_and_carry_labels(built, cache_gb):
+    store, raw = built
+    ds = CTPatchDataset(store, window="bone", cache_gb=cache_gb)
+    assert ds.keys == CT_KEYS and len(ds) == len(ds.origins) > 0
+    assert ds.items.dtype == np.uint32 and ds.origins.dtype == np.uint16  # compact, no objects
+    for i in (0, len(ds) // 2, len(ds) - 1):
+        sample = ds[i]
+        key = CT_KEYS[sample["item"]]
+        z, y, x = ds.origins[i].astype(int)
+        want = store.open_array("ct/windows", key, "bone")[z : z + 16, y : y + 32, x : x + 32]
+        np.testing.assert_array_equal(sample["image"][0].numpy(), want)
+        names, rows = read_ct_rate_labels(raw)
+        assert ds.label_names == names
+        np.testing.assert_array_equal(sample["labels"].numpy(), np.array(rows[key], np.float32))
+    whole = CTPatchDataset(store, window="lung", patch=False, cache_gb=cache_gb)
+    assert whole[1]["image"].shape[1:] == tuple(
+        store.open_array("ct/windows", CT_KEYS[1], "lung").shape
+    )
+
+
+def test_cache_is_shared_lru_and_byte_budgeted(tmp_path):
+    entry = 8000 + 128  # 1000 float64 + the .npy header: the budget counts what RAM holds
+    cache = SharedArrayCache(f"test-{tmp_path}", budget_bytes=3 * entry, root=tmp_path)
+    arrays = {k: np.full(1000, i, dtype=np.float64) for i, k in enumerate("abcd")}  # 8 kB each
+    for k in "abc":
+        cache.get(k, lambda k=k: arrays[k])
+    cache.get("a", lambda: pytest.fail("a is cached"))  # hit: a becomes the most recent
+    cache.get("d", lambda: arrays["d"])  # over budget: evicts the least recently used, b
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["evictions"], stats["entries"]) == (1, 4, 1, 3)
+    assert stats["bytes_held"] == 3 * entry
+    loads = []
+    cache.get("b", lambda: loads.append("b") or arrays["b"])
+    assert loads == ["b"]
+    # Another process (spawned: nothing inherited) sees the same entries and adds its hits.
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_read_cached, (cache, "d")) == 3.0
+    assert cache.stats()["hits"] == 2
+
+
+def _read_cached(cache, key):
+    return float(cache.get(key, lambda: pytest.fail("should be cached"))[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
+def test_workers_read_identically_under_every_start_method(built, context, tmp_path):
+    store, _ = built
+    ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
+    ds.cache = SharedArrayCache(f"{context}-{tmp_path}", 1 << 28, root=tmp_path)
+    expected = [ds[i]["image"] for i in range(8)]  # the parent has opened and read the store
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)
+    got = torch.cat([b["image"] for _, b in zip(range(2), loader, strict=False)])
+    torch.testing.assert_close(got, torch.stack(expected))
+    stats = ds.cache.stats()
+    assert stats["entries"] <= len(CT_KEYS)  # one copy per volume for all processes
+
+
+def test_sparse_points_sampling_and_collate(built):
+    store, _ = built
+    ds = SparsePointsDataset(store, window="bone", min_points=4, max_points=50)
+    batch = collate_points([ds[i] for i in range(len(ds))])
+    assert batch["coords"].shape[1] == 4 and (batch["counts"] <= 50).all()
+    owners = np.repeat(np.arange(len(batch["counts"])), batch["counts"].numpy())
+    np.testing.assert_array_equal(batch["coords"][:, 0].numpy(), owners)
+    assert torch.equal(ds[0]["coords"], ds[0]["coords"])  # deterministic per (seed, epoch, index)
+    with pytest.raises(StoreError, match="10000000 points"):
+        SparsePointsDataset(store, window="bone", min_points=10_000_000, max_points=10_000_001)
+
+
+def test_spike_clips_realtime_voxels_equal_stored(built):
+    store, _ = built
+    stored = SpikeClipDataset(store, clip_len=3, crop=(48, 64), voxels="stored", cache_gb=0.1)
+    realtime = SpikeClipDataset(store, clip_len=3, crop=(48, 64), voxels="realtime", cache_gb=0.1)
+    assert len(stored) == 2 * (6 - 3 + 1)
+    for i in range(len(stored)):
+        a, b = stored[i], realtime[i]
+        for name in ("blur", "sharp", "voxels"):
+            assert torch.equal(a[name], b[name]), name
+    assert a["blur"].shape == (3, 3, 48, 64) and a["voxels"].shape == (3, 5, 48, 64)
+
+
+def test_image_patches_crop_first_with_defects_and_mask(built):
+    store, _ = built
+    ds = ImagePatchDataset(store, defects=True, cache_gb=0.1)
+    plain = ImagePatchDataset(store, defects=False, cache_gb=0.1)
+    s, p = ds[3], plain[3]
+    assert s["image"].shape == (3, 128, 128) and s["mask"].shape == (1, 128, 128)
+    assert set(np.unique(s["mask"].numpy())) <= {0, 1}
+    torch.testing.assert_close(s["image"][1:], p["image"][1:])  # defects only on channel 0
+    changed = (s["image"][0] != p["image"][0]).numpy()
+    assert not s["mask"].numpy()[0][~changed].any()  # the mask lies inside the defects
+
+
+def test_loader_plan_follows_cpus_dataset_size_and_spec(built, monkeypatch):
+    from zarrfeed.training import loader
+
+    monkeypatch.setattr(loader, "usable_cpus", lambda: (40, "test"))
+    assert plan_loader(10_000, 8, "auto").num_workers == 32  # seed 001: 40 CPUs → 32
+    assert plan_loader(10_000, 8, "cpu*0.9").num_workers == 36
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert plan_loader(10_000, 8, "auto").num_workers == 10  # per GPU, like seed 001's log
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    small = plan_loader(20, 2, "auto")
+    assert small.num_workers == 2 and any("small dataset" in r for r in small.reasons)
+    assert plan_loader(10_000, 8, 5).num_workers == 5
+    assert plan_loader(10_000, 8, 0).context is None
+    with pytest.raises(ValueError, match="'auto', 'cpu\\*<fraction>' or an integer"):
+        plan_loader(100, 8, "many")
+    store, _ = built
+    lines = []
+    make_loader(CTPatchDataset(store, cache_gb=0.25), 4, workers=0, log=lines.append)
+    assert "data loading configuration" in lines[0] and "preloaded" in lines[0]
+
+
+def test_errors_name_the_store_asset_and_partition(built, tmp_path):
+    store, _ = built
+    with pytest.raises(StoreError, match=f"no manifest for 'ct' in {tmp_path}"):
+        CTPatchDataset(str(tmp_path))
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(store.root, copy)
+    ds = CTPatchDataset(str(copy), window="bone", cache_gb=0.01)
+    ds.cache = SharedArrayCache(f"broken-{tmp_path}", 1 << 26, root=tmp_path)
+    chunks = Path(copy, "ct/windows", CT_KEYS[0], "bone/c")
+    for chunk in chunks.rglob("*"):
+        if chunk.is_file():
+            chunk.write_bytes(b"garbage")
+    loader = DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(RuntimeError, match=f"ct/windows of {copy}"):
+        next(iter(loader))
+    ds.partitions[1]["arrays"]["bone"]["shape"] = [1, 2, 3]
+    with pytest.raises(RuntimeError, match=f"partition ct/windows/{CT_KEYS[1]} .*manifest says"):
+        ds[int(np.flatnonzero(ds.items == 1)[0])]
+
+
+def test_pid_change_reopens_store(built):
+    store, _ = built
+    ds = CTPatchDataset(store, cache_gb=0.01)
+    first = ds.store
+    ds._pid = os.getpid() + 1  # as after a fork
+    assert ds.store is not first

@@ -1,0 +1,25 @@
+"""The training data path: cached Zarr Datasets and self-sizing DataLoaders (no Dagster)."""
+
+from zarrfeed.training.cache import SharedArrayCache
+from zarrfeed.training.datasets import (
+    CTPatchDataset,
+    ImagePatchDataset,
+    SparsePointsDataset,
+    SpikeClipDataset,
+    collate_points,
+)
+from zarrfeed.training.loader import LoaderPlan, autotune, make_loader, measure, plan_loader
+
+__all__ = [
+    "CTPatchDataset",
+    "ImagePatchDataset",
+    "LoaderPlan",
+    "SharedArrayCache",
+    "SparsePointsDataset",
+    "SpikeClipDataset",
+    "autotune",
+    "collate_points",
+    "make_loader",
+    "measure",
+    "plan_loader",
+]

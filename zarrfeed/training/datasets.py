@@ -1,0 +1,348 @@
+"""torch Datasets over the committed Zarr stores, with the shared decoded-array cache.
+
+Every index is a handful of flat numpy arrays built from the dataset manifests and the
+consolidated tables that the ``datasets`` assets write (no per-sample Python objects, which
+workers would copy on read).  Stores open lazily in each process, so datasets pickle to
+spawned workers and survive fork after the parent has read the store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from zarrfeed.errors import StoreError
+from zarrfeed.formats import read_dat
+from zarrfeed.store import ZarrStore
+from zarrfeed.training.cache import SharedArrayCache
+from zarrfeed.transforms import spike as sp
+from zarrfeed.transforms.defects import random_defects, render_defects
+from zarrfeed.transforms.sparse import sample_points
+
+GB = 1 << 30
+
+
+class StoreDataset(Dataset):
+    """Lazily opened store + shared cache; subclasses define the index and ``__getitem__``."""
+
+    dataset: str = ""
+    asset: str = ""  # the asset whose arrays are cached
+
+    def __init__(self, store: str | ZarrStore, cache_gb: float = 2.0, seed: int = 0) -> None:
+        self.url = store.url if isinstance(store, ZarrStore) else str(store)
+        self.seed, self.epoch = seed, 0
+        self.cache = SharedArrayCache(f"{self.url}|{self.asset}", int(cache_gb * GB))
+        self._store: ZarrStore | None = None
+        self._pid = os.getpid()
+        manifest = self.store.read_manifest(self.dataset)
+        self.keys: list[str] = manifest["keys"]
+        if not self.keys:
+            raise StoreError(
+                f"no committed partitions of {self.dataset!r} ({', '.join(manifest['assets'])}) "
+                f"in {self.url}: materialise the {self.dataset}_dataset asset first"
+            )
+        self.partitions = manifest["assets"][self.asset]["partitions"]
+
+    @property
+    def store(self) -> ZarrStore:
+        if self._store is None or self._pid != os.getpid():
+            self._store, self._pid = ZarrStore(self.url), os.getpid()
+        return self._store
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Random crops and defects depend on (seed, epoch, index): reproducible per epoch."""
+        self.epoch = epoch
+
+    def rng(self, index: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.epoch, index])
+
+    def shape_of(self, item: int, name: str) -> tuple[int, ...]:
+        return tuple(self.partitions[item]["arrays"][name]["shape"])
+
+    def array(self, item: int, name: str) -> np.ndarray:
+        """The decoded array ``name`` of partition ``item``, from the shared cache."""
+        key = self.keys[item]
+        return self.cache.get(f"{key}/{name}", lambda: self._read(key, item, name))
+
+    def _read(self, key: str, item: int, name: str) -> np.ndarray:
+        data = self.store.open_array(self.asset, key, name)[...]
+        want = self.partitions[item]["arrays"][name]
+        if list(data.shape) != want["shape"] or str(data.dtype) != want["dtype"]:
+            raise StoreError(
+                f"partition {self.asset}/{key} array {name!r} is {data.dtype} {data.shape}; "
+                f"the manifest says {want['dtype']} {tuple(want['shape'])}: rebuild the manifest"
+            )
+        return data
+
+    def cached_names(self) -> list[str]:
+        return sorted(self.partitions[0]["arrays"])
+
+    def nbytes(self) -> int:
+        """Decoded bytes of every cached array: what preloading would take."""
+        return sum(
+            int(np.prod(a["shape"])) * np.dtype(a["dtype"]).itemsize
+            for p in self.partitions
+            for n, a in p["arrays"].items()
+            if n in self.cached_names()
+        )
+
+    def preload(self, threads: int = 2) -> None:
+        """Decode every cached array into the shared cache (seed 000's auto-preload)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [(i, n) for i in range(len(self.keys)) for n in self.cached_names()]
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda job: self.array(*job), jobs))
+
+    def guarded(self, index: int, fn: Callable[[], dict]) -> dict:
+        """Run ``fn``, naming the partition being read when it fails (in a worker too)."""
+        try:
+            return fn()
+        except Exception as exc:
+            raise RuntimeError(
+                f"{type(self).__name__}[{index}] failed reading {self.asset} of {self.url}: {exc}"
+            ) from exc
+
+
+class CTPatchDataset(StoreDataset):
+    """Windowed CT patches through the consolidated patch index, or whole volumes.
+
+    ``patch=None`` yields whole volumes; otherwise each item is one entry of the patch
+    index built by ``ct_patches`` (mostly-body patches).  CT-RATE labels come along as
+    float32 0/1 (NaN where a scan has no label row).
+    """
+
+    dataset, asset = "ct", "ct/windows"
+
+    def __init__(
+        self,
+        store: str | ZarrStore,
+        window: str = "lung",
+        patch: bool = True,
+        cache_gb: float = 2.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(store, cache_gb, seed)
+        self.window, self.patch = window, patch
+        if window not in self.partitions[0]["arrays"]:
+            raise StoreError(f"no window {window!r} in {self.asset}: {self.cached_names()}")
+        self.labels, self.label_names = self._labels()
+        if patch:
+            table = self.store.open_partition("datasets/ct", "patches")
+            offsets = table["offsets"][...]
+            self.items = np.repeat(np.arange(len(self.keys), dtype=np.uint32), np.diff(offsets))
+            self.origins = table["origins"][...]
+            record = self.store.commit_record("ct/patches", self.keys[0])["attrs"]
+            self.patch_shape = tuple(record["patch_shape"])
+
+    def cached_names(self) -> list[str]:
+        return [self.window]
+
+    def _labels(self) -> tuple[np.ndarray | None, list[str]]:
+        if not self.store.has_partition("datasets/ct", "labels"):
+            return None, []
+        group = self.store.open_partition("datasets/ct", "labels")
+        table = group["labels"][...].astype(np.float32)
+        table[table == group.attrs["unknown"]] = np.nan
+        return table, list(group.attrs["names"])
+
+    def __len__(self) -> int:
+        return len(self.items) if self.patch else len(self.keys)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        def load() -> dict[str, Any]:
+            item = int(self.items[index]) if self.patch else index
+            volume = self.array(item, self.window)
+            if self.patch:
+                z, y, x = (int(o) for o in self.origins[index])
+                d, h, w = self.patch_shape
+                volume = volume[z : z + d, y : y + h, x : x + w]
+            out = {"image": torch.from_numpy(np.array(volume))[None], "item": item}
+            if self.labels is not None:
+                out["labels"] = torch.from_numpy(self.labels[item])
+            return out
+
+        return self.guarded(index, load)
+
+
+class SparsePointsDataset(StoreDataset):
+    """Occupied-voxel coordinates of one window per scan, ``min_points``…``max_points`` each.
+
+    Scans with fewer than ``min_points`` points are left out when the dataset is built (from
+    the manifest's shapes, without reading them).  Use :func:`collate_points` for batches.
+    """
+
+    dataset, asset = "ct", "ct/sparse"
+
+    def __init__(
+        self,
+        store: str | ZarrStore,
+        window: str = "lung",
+        min_points: int = 16,
+        max_points: int = 4096,
+        cache_gb: float = 0.5,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(store, cache_gb, seed)
+        self.window, self.min_points, self.max_points = window, min_points, max_points
+        counts = np.array([p["arrays"][window]["shape"][0] for p in self.partitions])
+        self.items = np.flatnonzero(counts >= min_points).astype(np.uint32)
+        if not len(self.items):
+            raise StoreError(f"no scan of {self.url} has {min_points} points in window {window!r}")
+
+    def cached_names(self) -> list[str]:
+        return [self.window]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        def load() -> dict[str, Any]:
+            item = int(self.items[index])
+            coords = self.array(item, self.window)
+            picked = sample_points(
+                coords, self.min_points, self.max_points, seed=int(self.rng(index).integers(2**31))
+            )
+            return {"coords": torch.from_numpy(picked.astype(np.int32)), "item": item}
+
+        return self.guarded(index, load)
+
+
+def collate_points(batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Variable-size point sets → one (ΣN, 4) tensor of (batch index, z, y, x) and counts."""
+    coords = [b["coords"] for b in batch]
+    index = torch.cat([torch.full((len(c), 1), i, dtype=torch.int32) for i, c in enumerate(coords)])
+    return {
+        "coords": torch.cat([index, torch.cat(coords)], dim=1),
+        "counts": torch.tensor([len(c) for c in coords]),
+        "item": torch.tensor([b["item"] for b in batch]),
+    }
+
+
+class SpikeClipDataset(StoreDataset):
+    """Seed 001's clips: ``clip_len`` consecutive samples of blur, sharp and spike voxels,
+    randomly cropped to ``crop`` (H, W).
+
+    ``voxels="stored"`` reads the ``spike_voxels`` asset; ``"realtime"`` decodes the raw
+    ``.dat`` files named in its provenance and bins them on the fly — the same tensors with
+    no voxel store on disk.
+    """
+
+    dataset, asset = "spike", "spike/frames"
+
+    def __init__(
+        self,
+        store: str | ZarrStore,
+        clip_len: int = 3,
+        crop: tuple[int, int] = (64, 64),
+        voxels: str = "stored",
+        cache_gb: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(store, cache_gb, seed)
+        if voxels not in ("stored", "realtime"):
+            raise ValueError(f"voxels must be 'stored' or 'realtime', got {voxels!r}")
+        self.clip_len, self.crop, self.voxel_mode = clip_len, tuple(crop), voxels
+        samples = np.array([p["arrays"]["blur"]["shape"][0] for p in self.partitions])
+        clips = np.maximum(samples - clip_len + 1, 0)
+        self.items = np.repeat(np.arange(len(self.keys), dtype=np.uint32), clips)
+        self.starts = (
+            np.arange(len(self.items)) - np.repeat(np.cumsum(clips) - clips, clips)
+        ).astype(np.uint32)
+        manifest = self.store.read_manifest("spike")["assets"]["spike/voxels"]["partitions"]
+        self.voxel_shapes = [tuple(p["arrays"]["voxels"]["shape"]) for p in manifest]
+        if voxels == "realtime":
+            self.sources = [self.store.commit_record("spike/voxels", k)["attrs"] for k in self.keys]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _voxels(self, item: int, start: int) -> np.ndarray:
+        if self.voxel_mode == "stored":
+            key = self.keys[item]
+            full = self.cache.get(
+                f"{key}/voxels", lambda: self.store.open_array("spike/voxels", key, "voxels")[...]
+            )
+            return full[start : start + self.clip_len]
+        attrs = self.sources[item]
+        p = attrs["params"]
+        _, bins, h, w = self.voxel_shapes[item]
+        folder = Path(attrs["source"]) / ("spike_packed" if p["layout"] == "packed" else "spike")
+        return np.stack(
+            [
+                sp.voxel_bins(
+                    read_dat(folder / f"{stem}.dat", h, w, p["layout"], p["frames"]), bins
+                )
+                for stem in p["samples"][start : start + self.clip_len]
+            ]
+        )
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        def load() -> dict[str, Any]:
+            item, start = int(self.items[index]), int(self.starts[index])
+            blur, sharp = self.array(item, "blur"), self.array(item, "sharp")
+            h, w = blur.shape[1:3]
+            ch, cw = min(self.crop[0], h), min(self.crop[1], w)
+            rng = self.rng(index)
+            y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+            clip = slice(start, start + self.clip_len)
+
+            def frames(a: np.ndarray) -> torch.Tensor:  # (L, H, W, 3) uint8 → (L, 3, h, w)
+                return torch.from_numpy(
+                    np.ascontiguousarray(a[clip, y : y + ch, x : x + cw].transpose(0, 3, 1, 2))
+                )
+
+            vox = self._voxels(item, start)[:, :, y : y + ch, x : x + cw]
+            voxels = torch.from_numpy(np.ascontiguousarray(vox))
+            return {"blur": frames(blur), "sharp": frames(sharp), "voxels": voxels, "item": item}
+
+        return self.guarded(index, load)
+
+
+class ImagePatchDataset(StoreDataset):
+    """Seed 002's inspection patches: crop first through the patch index, then process;
+    optional local Gaussian defects on channel 0 with their ground-truth mask."""
+
+    dataset, asset = "image", "images/images"
+
+    def __init__(
+        self, store: str | ZarrStore, defects: bool = True, cache_gb: float = 1.0, seed: int = 0
+    ) -> None:
+        super().__init__(store, cache_gb, seed)
+        self.defects = defects
+        table = self.store.open_partition("datasets/image", "patches")
+        offsets = table["offsets"][...]
+        self.sets = np.repeat(np.arange(len(self.keys), dtype=np.uint32), np.diff(offsets))
+        self.images, self.origins = table["items"][...], table["origins"][...]
+        attrs = self.store.commit_record("images/patches", self.keys[0])["attrs"]
+        self.patch_shape = tuple(attrs["patch_shape"])
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        def load() -> dict[str, Any]:
+            item = int(self.sets[index])
+            (y, x), (h, w) = (int(o) for o in self.origins[index]), self.patch_shape
+            crop = self.array(item, "images")[int(self.images[index]), y : y + h, x : x + w]
+            patch = crop.astype(np.float32) / np.float32(np.iinfo(crop.dtype).max)
+            mask = np.zeros((h, w), dtype=np.uint8)
+            if self.defects:
+                found = random_defects((h, w), self.rng(index))
+                patch[..., 0], mask = render_defects(patch[..., 0], found)
+            return {
+                "image": torch.from_numpy(np.ascontiguousarray(patch.transpose(2, 0, 1))),
+                "mask": torch.from_numpy(mask)[None],
+                "item": item,
+            }
+
+        return self.guarded(index, load)
