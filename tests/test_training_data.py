@@ -3,18 +3,18 @@
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import dagster as dg
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from zarrfeed.assets import all_assets
-from zarrfeed.assets.partitions import ct_scans, image_sets, spike_sequences
 from zarrfeed.errors import StoreError
 from zarrfeed.formats.discover import read_ct_rate_labels
+from zarrfeed.store import ZarrStore
 from zarrfeed.training import (
     CTPatchDataset,
     ImagePatchDataset,
@@ -31,38 +31,22 @@ CT_KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, sample_dir):
-    """Every family of the sample data materialised into one store (session-wide)."""
-    from zarrfeed.definitions import RESOURCES
-    from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+    """Every family of the sample data materialised into one store (session-wide).
 
+    Built in a fresh interpreter: Dagster keeps process-global definitions state, and these
+    tests should not depend on which Dagster tests ran before them.
+    """
     tmp = tmp_path_factory.mktemp("built")
     raw = tmp / "raw"
     shutil.copytree(sample_dir, raw)
-    resources = {
-        **RESOURCES,
-        "zarr_store": ZarrStoreResource(url=str(tmp / "store.zarr")),
-        "raw": RawFolderResource(root=str(raw)),
-        # 2 mm voxels give 64³ patches room inside the small phantoms
-        "ct_settings": CTSettings(spacing_zyx_mm=[2.0, 2.0, 2.0], windows=["lung", "bone"],
-                                  patch_zyx=[16, 32, 32], patch_stride_zyx=[16, 32, 32]),
-    }  # fmt: skip
-    (tmp / "home").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp / "home")) as instance:
-        found = {
-            ct_scans.name: sorted(resources["raw"].ct_scans()),
-            spike_sequences.name: sorted(resources["raw"].spike_sequences()),
-            image_sets.name: sorted(resources["raw"].image_sets()),
-        }
-        for name, keys in found.items():
-            instance.add_dynamic_partitions(name, keys)
-            for key in keys:
-                partitioned = [a for a in all_assets if a.partitions_def is not None
-                               and a.partitions_def.name == name]  # fmt: skip
-                dg.materialize(partitioned, partition_key=key, resources=resources,
-                               instance=instance)  # fmt: skip
-        unpartitioned = [a for a in all_assets if a.partitions_def is None]
-        dg.materialize(unpartitioned, resources=resources, instance=instance)
-    return resources["zarr_store"].store(), raw
+    script = Path(__file__).with_name("build_sample_store.py")
+    subprocess.run(
+        [sys.executable, str(script), str(raw), str(tmp / "store.zarr"), str(tmp / "home")],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return ZarrStore(tmp / "store.zarr"), raw
 
 
 @pytest.fixture
@@ -212,3 +196,58 @@ def test_pid_change_reopens_store(built):
     first = ds.store
     ds._pid = os.getpid() + 1  # as after a fork
     assert ds.store is not first
+
+
+def test_autotune_measures_and_remembers(built, tmp_path):
+    from zarrfeed.training import autotune
+
+    store, _ = built
+    ds = CTPatchDataset(store, cache_gb=0.25)
+    memo = tmp_path / "autotune.json"
+    plan = autotune(ds, 4, candidates=[0, 1], batches=3, context="fork", remember=memo)
+    assert plan.num_workers in (0, 1) and "autotune: 0 workers" in plan.reasons[-1]
+    again = autotune(ds, 4, candidates=[0, 1], batches=3, context="fork", remember=memo)
+    assert again.num_workers == plan.num_workers and "remembered" in again.reasons[-1]
+
+
+def test_benchmark_loader_cli_reports_throughput_cache_and_advice(built, capsys):
+    from zarrfeed.cli import main
+
+    store, _ = built
+    assert (
+        main(
+            [
+                "benchmark-loader",
+                "--store",
+                store.url,
+                "--dataset",
+                "images",
+                "--batch",
+                "4",
+                "--batches",
+                "5",
+                "--workers",
+                "1",
+                "--cache-gb",
+                "0.1",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "data loading configuration" in out and "samples/s" in out
+    assert "hits" in out and "recommendation:" in out
+    assert main(["benchmark-loader", "--store", str(Path(store.url).parent / "none.zarr")]) == 2
+
+
+def test_patch_is_read_directly_while_another_process_fills_its_volume(built, tmp_path):
+    store, _ = built
+    ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
+    ds.cache = SharedArrayCache(f"busy-{tmp_path}", 1 << 28, root=tmp_path)
+    key = f"{CT_KEYS[0]}/lung"
+    ds.cache._path(key).with_suffix(".filling").touch()  # as if another worker were decoding
+    i = int(np.flatnonzero(ds.items == 0)[0])
+    z, y, x = ds.origins[i].astype(int)
+    want = store.open_array("ct/windows", CT_KEYS[0], "lung")[z : z + 16, y : y + 32, x : x + 32]
+    np.testing.assert_array_equal(ds[i]["image"][0].numpy(), want)
+    assert ds.cache.stats()["entries"] == 0  # served without waiting and without caching

@@ -49,6 +49,45 @@ def _demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+DATASETS = {
+    "ct-patches": ("CTPatchDataset", {}),
+    "ct-volumes": ("CTPatchDataset", {"patch": False}),
+    "sparse": ("SparsePointsDataset", {}),
+    "spike": ("SpikeClipDataset", {}),
+    "images": ("ImagePatchDataset", {}),
+}
+
+
+def _benchmark_loader(args: argparse.Namespace) -> int:
+    from zarrfeed import training
+
+    name, kwargs = DATASETS[args.dataset]
+    dataset = getattr(training, name)(args.store, cache_gb=args.cache_gb, **kwargs)
+    collate = training.collate_points if args.dataset == "sparse" else None
+    if args.autotune:
+        plan = training.autotune(dataset, args.batch, collate_fn=collate, batches=args.batches)
+        workers: int | str = plan.num_workers
+        print("\n".join(plan.reasons[-1:]))
+    else:
+        workers = int(args.workers) if args.workers.isdigit() else args.workers
+    loader, plan = training.make_loader(dataset, args.batch, workers, collate_fn=collate)
+    print(f"dataset: {name} over {args.store}: {len(dataset)} samples")
+    report = training.measure(loader, args.batches)
+    stats = dataset.cache.stats()
+    print(
+        f"throughput: {report.samples_per_s:.1f} samples/s over {report.batches} batches of "
+        f"{args.batch}\n"
+        f"data time per batch: {report.batch_mean_ms:.2f} ± {report.batch_std_ms:.2f} ms "
+        f"({report.batch_mean_ms / args.batch:.3f} ms per sample); first batch "
+        f"{report.first_batch_s:.2f} s (worker start-up)\n"
+        f"cache: {stats['hits']} hits, {stats['misses']} misses ({stats['hit_rate']:.1%}), "
+        f"{stats['bytes_held'] / 1e9:.2f} of {stats['budget_bytes'] / 1e9:.2f} GB held, "
+        f"{stats['evictions']} evictions"
+    )
+    print("recommendation: " + training.recommend(plan, stats, dataset.nbytes()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarrfeed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,12 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default="data/zarrfeed.zarr", help="Zarr store folder or URL")
     p.add_argument("--dagster-home", default=".dagster_home", help="persistent Dagster instance")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser("benchmark-loader", help="throughput and cache statistics of a loader")
+    p.add_argument("--store", default="data/zarrfeed.zarr", help="Zarr store folder or URL")
+    p.add_argument("--dataset", choices=sorted(DATASETS), default="ct-patches")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batches", type=int, default=50, help="batches to time")
+    p.add_argument("--workers", default="auto", help="'auto', 'cpu*0.9' or a number")
+    p.add_argument("--cache-gb", type=float, default=2.0, help="shared cache budget")
+    p.add_argument("--autotune", action="store_true", help="measure worker counts first")
+    p.set_defaults(func=_benchmark_loader)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from zarrfeed.errors import ZarrfeedError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ZarrfeedError as exc:  # bad input or store state: the message says what to do
+        print(f"zarrfeed {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

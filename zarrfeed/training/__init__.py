@@ -8,7 +8,14 @@ from zarrfeed.training.datasets import (
     SpikeClipDataset,
     collate_points,
 )
-from zarrfeed.training.loader import LoaderPlan, autotune, make_loader, measure, plan_loader
+from zarrfeed.training.loader import (
+    LoaderPlan,
+    autotune,
+    make_loader,
+    measure,
+    plan_loader,
+    recommend,
+)
 
 __all__ = [
     "CTPatchDataset",
@@ -22,4 +29,5 @@ __all__ = [
     "make_loader",
     "measure",
     "plan_loader",
+    "recommend",
 ]

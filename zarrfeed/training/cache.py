@@ -115,8 +115,14 @@ class SharedArrayCache:
     def _path(self, key: str) -> Path:
         return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy"
 
-    def get(self, key: str, load: Callable[[], np.ndarray], wait_s: float = 600.0) -> np.ndarray:
-        """The cached array for ``key`` (read-only), decoding it with ``load`` on a miss."""
+    def get(
+        self, key: str, load: Callable[[], np.ndarray], wait_s: float = 600.0, wait: bool = True
+    ) -> np.ndarray | None:
+        """The cached array for ``key`` (read-only), decoding it with ``load`` on a miss.
+
+        With ``wait=False``, a key that another process is decoding right now returns None
+        at once, so the caller can read just the piece it needs meanwhile.
+        """
         self._check_pid()
         path = self._path(key)
         arr = self._mapped.get(key)
@@ -128,15 +134,18 @@ class SharedArrayCache:
             return arr
         except FileNotFoundError:
             self._mapped.pop(key, None)
-        return self._miss(key, path, load, wait_s)
+        return self._miss(key, path, load, wait_s, wait)
 
     def _miss(
-        self, key: str, path: Path, load: Callable[[], np.ndarray], wait_s: float
-    ) -> np.ndarray:
+        self, key: str, path: Path, load: Callable[[], np.ndarray], wait_s: float, wait: bool
+    ) -> np.ndarray | None:
         filling = path.with_suffix(".filling")
         try:
             fd = os.open(filling, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:  # another process is decoding this key: wait for it
+        except FileExistsError:  # another process is decoding this key
+            if not wait:
+                self._count(MISSES)
+                return None
             deadline = time.monotonic() + wait_s
             while filling.exists() and time.monotonic() < deadline and not path.exists():
                 time.sleep(0.005)

@@ -8,6 +8,7 @@ spawned workers and survive fork after the parent has read the store.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -56,7 +57,7 @@ class StoreDataset(Dataset):
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}
+        return {**self.__dict__, "_store": None, "_handles": {}}
 
     def set_epoch(self, epoch: int) -> None:
         """Random crops and defects depend on (seed, epoch, index): reproducible per epoch."""
@@ -72,6 +73,18 @@ class StoreDataset(Dataset):
         """The decoded array ``name`` of partition ``item``, from the shared cache."""
         key = self.keys[item]
         return self.cache.get(f"{key}/{name}", lambda: self._read(key, item, name))
+
+    def region(self, item: int, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """``array(item, name)[index]``; while another process is decoding that array into
+        the cache, only the region is read from the store instead of waiting for it."""
+        key = self.keys[item]
+        full = self.cache.get(f"{key}/{name}", lambda: self._read(key, item, name), wait=False)
+        if full is not None:
+            return full[index]
+        handles = self.__dict__.setdefault("_handles", {})
+        if (key, name) not in handles:
+            handles[key, name] = self.store.open_array(self.asset, key, name)
+        return handles[key, name][index]
 
     def _read(self, key: str, item: int, name: str) -> np.ndarray:
         data = self.store.open_array(self.asset, key, name)[...]
@@ -95,13 +108,22 @@ class StoreDataset(Dataset):
             if n in self.cached_names()
         )
 
-    def preload(self, threads: int = 2) -> None:
-        """Decode every cached array into the shared cache (seed 000's auto-preload)."""
-        from concurrent.futures import ThreadPoolExecutor
+    def preload(self, processes: int | None = None) -> None:
+        """Decode every cached array into the shared cache (seed 000's auto-preload).
 
+        Decoding runs in forked processes, one per usable CPU: zarr-python decodes a volume
+        on one core at about 0.5 GB/s, and threads contend on its event loop (measured 1.2 s
+        with 1 thread, 1.6 s with 2 for four 110 MB volumes).  The cache is shared, so what
+        the children decode is what every worker then maps.
+        """
         jobs = [(i, n) for i in range(len(self.keys)) for n in self.cached_names()]
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda job: self.array(*job), jobs))
+        count = min(len(jobs), processes or len(os.sched_getaffinity(0)))
+        if count <= 1 or "fork" not in mp.get_all_start_methods():
+            for job in jobs:
+                self.array(*job)
+            return
+        with mp.get_context("fork").Pool(count) as pool:
+            pool.starmap(_fill, [(self, i, n) for i, n in jobs], chunksize=1)
 
     def guarded(self, index: int, fn: Callable[[], dict]) -> dict:
         """Run ``fn``, naming the partition being read when it fails (in a worker too)."""
@@ -111,6 +133,10 @@ class StoreDataset(Dataset):
             raise RuntimeError(
                 f"{type(self).__name__}[{index}] failed reading {self.asset} of {self.url}: {exc}"
             ) from exc
+
+
+def _fill(dataset: StoreDataset, item: int, name: str) -> None:
+    dataset.array(item, name)
 
 
 class CTPatchDataset(StoreDataset):
@@ -161,11 +187,13 @@ class CTPatchDataset(StoreDataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         def load() -> dict[str, Any]:
             item = int(self.items[index]) if self.patch else index
-            volume = self.array(item, self.window)
             if self.patch:
                 z, y, x = (int(o) for o in self.origins[index])
                 d, h, w = self.patch_shape
-                volume = volume[z : z + d, y : y + h, x : x + w]
+                region = (slice(z, z + d), slice(y, y + h), slice(x, x + w))
+                volume = self.region(item, self.window, region)
+            else:
+                volume = self.array(item, self.window)
             out = {"image": torch.from_numpy(np.array(volume))[None], "item": item}
             if self.labels is not None:
                 out["labels"] = torch.from_numpy(self.labels[item])

@@ -255,6 +255,19 @@ def _batch_len(batch: Any) -> int:
     return len(batch[0]) if isinstance(batch, list | tuple) else len(batch)
 
 
+def recommend(plan: LoaderPlan, cache_stats: dict[str, Any], dataset_bytes: int) -> str:
+    """One line of advice from a measured run."""
+    advice = []
+    if dataset_bytes > cache_stats["budget_bytes"] and cache_stats["hit_rate"] < 0.9:
+        need = dataset_bytes / 1e9 * 1.05
+        advice.append(f"raise cache_gb to {need:.1f} (hit rate {cache_stats['hit_rate']:.0%})")
+    if plan.num_workers == 0:
+        advice.append("use workers='auto': loading runs in the training process")
+    if not advice:
+        advice.append(f"keep {plan.num_workers} workers; run with --autotune to compare others")
+    return "; ".join(advice)
+
+
 def autotune(
     dataset: Dataset,
     batch_size: int,

@@ -1,0 +1,403 @@
+"""Loader benchmarks: zarrfeed's cached Datasets against the loaders users had before.
+
+Scenario (issue 5): four 240×480×480 float16 volumes, an epoch of 512 random 64³ patches
+(128 per volume), batch 8; 976×176×3 images with 128×128 crops.  Each loader runs at its
+best worker count (1 or 2 on this machine), all in one run, and every ratio compares two
+loaders measured side by side:
+
+    python benchmarks/loaders.py           # the full scenario (~10 min on 2 cores)
+    python benchmarks/loaders.py --quick   # small volumes (CI smoke run)
+"""
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+from _bench import bench
+from torch.utils.data import DataLoader, Dataset
+
+from zarrfeed.store import ZarrStore, provenance
+from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset
+from zarrfeed.training.datasets import GB
+from zarrfeed.training.loader import _one_thread
+
+PATCH, PER_VOLUME, BATCH = 64, 128, 8
+
+
+def make_volumes(root: Path, shape: tuple[int, int, int], n: int = 4) -> ZarrStore:
+    """A store as the CT assets leave it: windows, patch indexes, manifest, consolidated index."""
+    store = ZarrStore(root / "store.zarr")
+    rng = np.random.default_rng(0)
+    keys = [f"vol_{i}" for i in range(n)]
+    for key in keys:
+        base = rng.random((shape[0] // 8, shape[1] // 8, shape[2] // 8), dtype=np.float32)
+        vol = np.kron(base, np.ones((8, 8, 8), np.float32))  # smooth, like a windowed CT
+        vol += rng.normal(0, 0.02, vol.shape).astype(np.float32)
+        vol = np.clip(vol, 0, 1).astype(np.float16)
+        with store.write_partition("ct/windows", key, provenance("bench", None, "1")) as w:
+            w.write("lung", vol)
+        origins = np.stack([rng.integers(0, s - PATCH + 1, PER_VOLUME) for s in shape], 1)
+        attrs = provenance("bench", None, "1", patch_shape=[PATCH] * 3)
+        with store.write_partition("ct/patches", key, attrs) as w:
+            w.write("origins", origins.astype(np.uint16), read="rows")
+            w.write("fraction", np.ones(PER_VOLUME, np.float32), read="rows")
+        np.save(root / f"{key}.npy", vol)  # the seed 000 baseline: uncompressed .npy
+    store.write_dataset("ct", ["ct/windows", "ct/patches"])
+    store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"])
+    return store
+
+
+class MmapPatches(Dataset):
+    """Seed 000: ``np.load(mmap_mode="r")`` per volume, opened lazily in each worker."""
+
+    def __init__(self, files: list[Path], items: np.ndarray, origins: np.ndarray) -> None:
+        self.files, self.items, self.origins, self.arrays = files, items, origins, {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        item = int(self.items[i])
+        if item not in self.arrays:
+            self.arrays[item] = np.load(self.files[item], mmap_mode="r")
+        z, y, x = (int(o) for o in self.origins[i])
+        patch = self.arrays[item][z : z + PATCH, y : y + PATCH, x : x + PATCH]
+        return {"image": torch.from_numpy(np.array(patch))[None], "item": item}
+
+
+class ZarrPatches(MmapPatches):
+    """A plain per-sample ``zarr`` read in ``__getitem__`` (no cache)."""
+
+    def __getitem__(self, i: int) -> dict:
+        item = int(self.items[i])
+        if item not in self.arrays:
+            self.arrays[item] = zarr.open_array(self.files[item], mode="r")
+        z, y, x = (int(o) for o in self.origins[i])
+        patch = self.arrays[item][z : z + PATCH, y : y + PATCH, x : x + PATCH]
+        return {"image": torch.from_numpy(patch)[None], "item": item}
+
+
+def epoch_rate(dataset: Dataset, workers: int, epochs: int = 1, **kw) -> float:
+    """Patches per second over whole epochs (after one warm-up batch), shuffled, batch 8."""
+    extra = (
+        {
+            "multiprocessing_context": "fork",
+            "persistent_workers": True,
+            "worker_init_fn": _one_thread,
+        }
+        if workers
+        else {}
+    )
+    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, **extra, **kw)
+    iter(loader).__next__()  # start the workers
+    t0, n = time.perf_counter(), 0
+    for _ in range(epochs):
+        for batch in loader:
+            n += len(batch["item"]) if isinstance(batch, dict) else len(batch)
+    return n / (time.perf_counter() - t0)
+
+
+def best(make, label: str, repeats: int = 2) -> tuple[float, int]:
+    """The best rate over 1 and 2 workers, each the best of ``repeats`` (this VM is shared)."""
+    rates = {w: max(epoch_rate(make(), w) for _ in range(repeats)) for w in (1, 2)}
+    w = max(rates, key=rates.get)
+    print(
+        f"# {label}: " + ", ".join(f"{k} workers {v:.0f}/s" for k, v in rates.items()), flush=True
+    )
+    return rates[w], w
+
+
+def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
+    store = make_volumes(work, shape)
+    ds = CTPatchDataset(store, window="lung", cache_gb=2.0)
+    ds.cache.clear()
+    npy = [work / f"{k}.npy" for k in ds.keys]
+    zarrs = [store.path("ct/windows", k) + "/lung" for k in ds.keys]
+
+    # Cold: an empty cache; the first epoch pays preloading (decode + copy into /dev/shm).
+    ds.cache.clear()
+    t0 = time.perf_counter()
+    ds.preload()
+    cold = len(ds) / (time.perf_counter() - t0 + len(ds) / epoch_rate(ds, 2))
+    zarr_rate, zw = best(lambda: ZarrPatches(zarrs, ds.items, ds.origins), "plain zarr")
+    bench(
+        "loader.cold_vs_zarr",
+        cold / zarr_rate,
+        "x",
+        f"first epoch incl. preload {cold:.0f}/s vs per-sample zarr {zarr_rate:.0f}/s "
+        f"({zw} workers)",
+    )
+
+    warm, ww = best(lambda: ds, "zarrfeed warm")
+    mmap, mw = best(lambda: MmapPatches(npy, ds.items, ds.origins), "mmap npy")
+    bench(
+        "loader.cached_vs_mmap",
+        warm / mmap,
+        "x",
+        f"zarrfeed {warm:.0f}/s ({ww} workers) vs np.load(mmap) {mmap:.0f}/s ({mw} workers)",
+    )
+    npy_bytes = sum(p.stat().st_size for p in npy)
+    stored = sum(store.commit_record("ct/windows", k)["stored_bytes"] for k in ds.keys)
+    bench(
+        "loader.disk_ratio",
+        npy_bytes / stored,
+        "x",
+        f"npy {npy_bytes / 1e6:.0f} MB / store {stored / 1e6:.0f} MB",
+    )
+    bench("loader.zarrfeed_warm_patches_per_s", warm, "patches/s", f"{ww} workers, 64^3 float16")
+    monai_torchio(work, ds, npy, warm)
+
+
+def monai_torchio(work: Path, ds: CTPatchDataset, npy: list[Path], warm: float) -> None:
+    try:
+        import monai.data as md
+        import monai.transforms as mt
+        import torchio as tio
+    except ImportError:
+        print("# MONAI / TorchIO not installed (pip install -e .[bench]): loader.vs_* skipped")
+        return
+    from zarrfeed.formats import write_nifti
+
+    files = []
+    for p in npy:  # the same volumes as .nii.gz, the input those libraries expect
+        path = work / f"{p.stem}.nii"  # uncompressed: their cache fill is not what we time
+        write_nifti(path, np.load(p).astype(np.float32), (1.5, 0.75, 0.75))
+        files.append(str(path))
+
+    def monai_ds(copy_cache: bool = False):
+        chain = mt.Compose(
+            [
+                mt.LoadImaged("image", image_only=True),
+                mt.EnsureChannelFirstd("image"),
+                mt.RandSpatialCropd("image", (PATCH,) * 3, random_size=False),
+            ]
+        )
+        # CacheDataset caches up to the first random transform; the crop runs per sample.
+        cached = md.CacheDataset(
+            [{"image": f} for f in files],
+            chain,
+            cache_rate=1.0,
+            num_workers=2,
+            copy_cache=False,
+            progress=False,
+        )
+        return MonaiPatches(cached, len(files) * PER_VOLUME)
+
+    monai_rate, w = best(monai_ds, "MONAI CacheDataset + RandSpatialCrop")
+    bench(
+        "loader.vs_monai",
+        warm / monai_rate,
+        "x",
+        f"MONAI copy_cache=False (its fastest) {monai_rate:.0f}/s ({w} workers)",
+    )
+    default_rate, w = best(lambda: monai_ds(copy_cache=True), "MONAI defaults", repeats=1)
+    bench(
+        "loader.vs_monai_default",
+        warm / default_rate,
+        "x",
+        f"MONAI default copy_cache=True {default_rate:.0f}/s ({w} workers)",
+    )
+
+    def torchio_rate() -> float:
+        subjects = tio.SubjectsDataset([tio.Subject(image=tio.ScalarImage(f)) for f in files])
+        queue = tio.Queue(
+            subjects,
+            max_length=PER_VOLUME,
+            samples_per_volume=PER_VOLUME // 2,
+            sampler=tio.UniformSampler(PATCH),
+            num_workers=2,
+            shuffle_subjects=True,
+            shuffle_patches=True,
+            verbose=False,
+        )
+        loader = DataLoader(queue, batch_size=BATCH, num_workers=0)  # TorchIO: must be 0
+        t0, seen = time.perf_counter(), 0
+        for batch in loader:
+            seen += len(batch["image"][tio.DATA])
+        return seen / (time.perf_counter() - t0)
+
+    tio_rate = torchio_rate()
+    print(f"# TorchIO Queue + UniformSampler: {tio_rate:.0f}/s (2 queue workers)")
+    bench("loader.vs_torchio", warm / tio_rate, "x", f"TorchIO {tio_rate:.0f}/s")
+
+
+class MonaiPatches(Dataset):
+    """An epoch of ``n`` samples over MONAI's CacheDataset of the volumes (``i % volumes``)."""
+
+    def __init__(self, cached: Dataset, n: int) -> None:
+        self.cached, self.n = cached, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        item = i % len(self.cached)
+        return {"image": torch.as_tensor(self.cached[item]["image"]), "item": item}
+
+
+def pss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+class TouchEntries(Dataset):
+    """Sample i reads cache entry i // workers in full, so every worker maps every entry."""
+
+    def __init__(self, cache: SharedArrayCache, keys: list[str], workers: int) -> None:
+        self.cache, self.keys, self.workers = cache, keys, workers
+
+    def __len__(self) -> int:
+        return len(self.keys) * self.workers
+
+    def __getitem__(self, i: int) -> int:
+        arr = self.cache.get(self.keys[i // self.workers], lambda: None)
+        return int(arr[:: 4096 // arr.itemsize].sum() >= 0)  # touch every page
+
+
+def pss(work: Path, fill_gb: float) -> None:
+    """Run in a fresh interpreter, so earlier benchmarks' memory does not count."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, __file__, "--pss", str(fill_gb), str(work)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    print(out.stdout.strip())
+
+
+def pss_child(work: Path, fill_gb: float) -> None:
+    cache = SharedArrayCache(f"pss-{work}", int(fill_gb * GB) + (64 << 20), root=work)
+    keys = [f"block{i}" for i in range(int(fill_gb * 8))]
+    for k in keys:  # 128 MiB entries
+        cache.get(k, lambda: np.ones(16 << 20, dtype=np.float64))
+    loader = DataLoader(
+        TouchEntries(cache, keys, 4),
+        batch_size=1,
+        num_workers=4,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+    )
+    it = iter(loader)
+    for _ in range(len(keys) * 4):
+        next(it)
+    pids = [os.getpid(), *(w.pid for w in it._workers)]
+    value = pss_mb(pids)
+    bench(
+        "loader.pss_mb",
+        value,
+        "MB",
+        f"main + 4 workers, {fill_gb:g} GB cache filled and read by all (per-worker copies: "
+        f"{5 * fill_gb * 1024:.0f})",
+    )
+    del it, loader
+    cache.clear()
+
+
+def spike(work: Path) -> None:
+    import dagster as dg
+
+    from zarrfeed.assets import dataset_assets, spike_assets
+    from zarrfeed.definitions import RESOURCES
+    from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+    from zarrfeed.samples import make_gopro_spike
+
+    raw = work / "spike_raw"
+    list(make_gopro_spike(raw / "gopro-spike", 2, 8, "full", np.random.default_rng(0)))
+    res = {
+        **RESOURCES,
+        "raw": RawFolderResource(root=str(raw)),
+        "zarr_store": ZarrStoreResource(url=str(work / "spike.zarr")),
+    }
+    (work / "home").mkdir(exist_ok=True)
+    with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
+        keys = sorted(res["raw"].spike_sequences())
+        instance.add_dynamic_partitions("spike_sequences", keys)
+        for k in keys:
+            dg.materialize(spike_assets, partition_key=k, resources=res, instance=instance)
+        dg.materialize(
+            [a for a in dataset_assets if a.key.path[0] == "spike_dataset"],
+            resources=res,
+            instance=instance,
+        )
+    rates = {}
+    for mode in ("stored", "realtime"):
+        ds = SpikeClipDataset(str(work / "spike.zarr"), clip_len=3, crop=(256, 256), voxels=mode)
+        ds.cache.clear()
+        ds.preload()
+        rates[mode] = epoch_rate(ds, 2, epochs=3)
+    bench(
+        "loader.spike_realtime_vs_stored",
+        rates["realtime"] / rates["stored"],
+        "x",
+        f"realtime {rates['realtime']:.0f} clips/s vs stored voxels {rates['stored']:.0f} clips/s "
+        "(396x640, 3-sample clips, 256 crops, 2 workers)",
+    )
+
+
+def init_10k(work: Path, n: int) -> None:
+    """Dataset construction over n partitions: one manifest and one consolidated table."""
+    store = ZarrStore(work / "many.zarr")
+    keys = [f"scan_{i:05d}" for i in range(n)]
+    part = {"arrays": {"lung": {"shape": [240, 480, 480], "dtype": "float16"}}}
+    manifest = {
+        "dataset": "ct",
+        "keys": keys,
+        "incomplete": [],
+        "assets": {"ct/windows": {"partitions": [dict(part, key=k) for k in keys]}},
+    }
+    store._write_manifest("ct", manifest)
+    rng = np.random.default_rng(0)
+    with store.write_partition("ct/patches", keys[0], {"patch_shape": [64, 64, 64]}) as w:
+        w.write("origins", np.zeros((1, 3), np.uint16), read="rows")
+    with store.write_partition("datasets/ct", "patches", {"keys": keys}) as w:
+        w.write("offsets", np.arange(0, 128 * n + 1, 128, dtype=np.int64), read="whole")
+        w.write("origins", rng.integers(0, 176, (128 * n, 3)).astype(np.uint16), read="rows")
+    t0 = time.perf_counter()
+    ds = CTPatchDataset(store, cache_gb=0.01)
+    seconds = time.perf_counter() - t0
+    bench(
+        "loader.init_10k_partitions_s",
+        seconds,
+        "s",
+        f"{n} partitions, {len(ds)} patches; index {ds.items.nbytes + ds.origins.nbytes} bytes",
+    )
+    manifest_size = len(json.dumps(manifest))
+    print(f"# manifest {manifest_size / 1e6:.1f} MB JSON")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small inputs (smoke run)")
+    parser.add_argument("--pss", nargs=2, metavar=("GB", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pss:
+        pss_child(Path(args.pss[1]), float(args.pss[0]))
+        return
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    try:
+        ct_loaders(work, (96, 128, 128) if args.quick else (240, 480, 480))
+        pss(work, 0.25 if args.quick else 2.0)
+        if not args.quick:
+            spike(work)
+        init_10k(work, 1000 if args.quick else 10_000)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
