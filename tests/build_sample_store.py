@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from zarrfeed.assets import all_assets
+from zarrfeed.assets import all_assets, dataset_assets
 from zarrfeed.definitions import RESOURCES
 from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
 
@@ -35,8 +35,7 @@ def main(raw: str, store: str, home: str) -> None:
             assets = [a for a in all_assets if a.partitions_def and a.partitions_def.name == name]
             for key in sorted(keys):
                 dg.materialize(assets, partition_key=key, resources=resources, instance=instance)
-        datasets = [a for a in all_assets if a.partitions_def is None]
-        dg.materialize(datasets, resources=resources, instance=instance)
+        dg.materialize(dataset_assets, resources=resources, instance=instance)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,11 @@ def test_transforms_do_not_import_zarr():
     assert "zarr" not in mods and "dagster" not in mods
 
 
-def test_definitions_load():
-    from zarrfeed.definitions import defs
+def test_training_and_sources_do_not_import_dagster():
+    assert "dagster" not in imported_after("import zarrfeed.training, zarrfeed.sources")
 
-    defs.resolve_all_job_defs()
+
+def test_definitions_load():
+    # A fresh interpreter: Dagster's process-global definitions state from other tests'
+    # (closed) instances must not decide this.
+    imported_after("from zarrfeed.definitions import defs; defs.resolve_all_job_defs()")

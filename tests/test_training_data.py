@@ -40,12 +40,9 @@ def built(tmp_path_factory, sample_dir):
     raw = tmp / "raw"
     shutil.copytree(sample_dir, raw)
     script = Path(__file__).with_name("build_sample_store.py")
-    subprocess.run(
-        [sys.executable, str(script), str(raw), str(tmp / "store.zarr"), str(tmp / "home")],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
+    args = [sys.executable, str(script), str(raw), str(tmp / "store.zarr"), str(tmp / "home")]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
     return ZarrStore(tmp / "store.zarr"), raw
 
 

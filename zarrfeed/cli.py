@@ -49,6 +49,26 @@ def _demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _hub(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zarrfeed.demo import format_table, run_hub
+
+    config = {
+        "repo_id": args.repo,
+        "revision": args.revision,
+        "split": args.split,
+        "max_scans": args.max_scans,
+        "delete_after_commit": args.delete_after_commit,
+    }
+    config |= {k: v for k, v in (("cache_dir", args.cache_dir), ("endpoint", args.endpoint)) if v}
+    rows = run_hub(config, args.store, Path(args.dagster_home))
+    print(format_table(rows))
+    failed = [r for r in rows if not r["ok"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} runs succeeded; token from HF_TOKEN")
+    return 1 if failed else 0
+
+
 DATASETS = {
     "ct-patches": ("CTPatchDataset", {}),
     "ct-volumes": ("CTPatchDataset", {"patch": False}),
@@ -111,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default="data/zarrfeed.zarr", help="Zarr store folder or URL")
     p.add_argument("--dagster-home", default=".dagster_home", help="persistent Dagster instance")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser("hub", help="discover and build CT-RATE volumes from the Hugging Face hub")
+    p.add_argument("--repo", default="ibrahimhamamci/CT-RATE")
+    p.add_argument("--revision", default="main")
+    p.add_argument("--split", choices=["train", "valid"], default="valid")
+    p.add_argument("--max-scans", type=int, default=None, help="build only the first N volumes")
+    p.add_argument("--cache-dir", default=None, help="download cache (default: the HF cache)")
+    p.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or the hub)")
+    p.add_argument("--delete-after-commit", action="store_true", help="free disk as it goes")
+    p.add_argument("--store", default="data/zarrfeed.zarr")
+    p.add_argument("--dagster-home", default=".dagster_home")
+    p.set_defaults(func=_hub)
 
     p = sub.add_parser("benchmark-loader", help="throughput and cache statistics of a loader")
     p.add_argument("--store", default="data/zarrfeed.zarr", help="Zarr store folder or URL")

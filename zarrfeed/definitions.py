@@ -5,10 +5,19 @@ import os
 import dagster as dg
 
 from zarrfeed.assets import all_assets
-from zarrfeed.jobs import build_jobs, datasets_automation, datasets_build, schedules, sensors
+from zarrfeed.jobs import (
+    build_jobs,
+    datasets_automation,
+    datasets_build,
+    hub_build,
+    hub_catalog,
+    schedules,
+    sensors,
+)
 from zarrfeed.resources import (
     BuildOptions,
     CTSettings,
+    HuggingFaceResource,
     ImageSettings,
     RawFolderResource,
     SpikeSettings,
@@ -28,11 +37,12 @@ RESOURCES = {
     "ct_settings": CTSettings(),
     "spike_settings": SpikeSettings(),
     "image_settings": ImageSettings(),
+    "hf": HuggingFaceResource(),
 }
 
 defs = dg.Definitions(
     assets=all_assets,
-    jobs=[*build_jobs.values(), datasets_build],
+    jobs=[*build_jobs.values(), datasets_build, hub_catalog, hub_build],
     sensors=[*sensors, datasets_automation],
     schedules=schedules,
     resources=RESOURCES,

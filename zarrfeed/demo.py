@@ -62,6 +62,40 @@ def run_demo(raw: Path, store: str, home: Path) -> list[dict]:
     return rows
 
 
+def run_hub(hf_config: dict, store: str, home: Path) -> list[dict]:
+    """List the hub split (partitions appear), then build each volume with a progress bar."""
+    os.environ["DAGSTER_HOME"] = str(home.resolve())
+    os.environ["ZARRFEED_STORE"] = store
+    import dagster as dg
+    from tqdm import tqdm
+
+    from zarrfeed.assets.partitions import hub_ct_scans
+    from zarrfeed.definitions import defs, usable_cpus
+
+    prepare_home(home, usable_cpus())
+    run_config = {"resources": {"hf": {"config": hf_config}}}
+    rows = []
+    with dg.DagsterInstance.get() as instance:
+        t0 = time.perf_counter()
+        result = defs.resolve_job_def("hub_catalog").execute_in_process(
+            run_config=run_config, instance=instance, raise_on_error=False
+        )
+        rows.append(_row(result, "hub", "catalog", time.perf_counter() - t0))
+        if not result.success:
+            return rows
+        keys = sorted(instance.get_dynamic_partitions(hub_ct_scans.name))
+        if hf_config.get("max_scans"):
+            keys = keys[: hf_config["max_scans"]]
+        job = defs.resolve_job_def("hub_build")
+        for key in tqdm(keys, desc="hub volumes", unit="volume"):
+            t0 = time.perf_counter()
+            result = job.execute_in_process(
+                partition_key=key, run_config=run_config, instance=instance, raise_on_error=False
+            )
+            rows.append(_row(result, "hub", key, time.perf_counter() - t0))
+    return rows
+
+
 def _row(result, family: str, key: str, seconds: float) -> dict:
     checks = result.get_asset_check_evaluations()
     stored = 0

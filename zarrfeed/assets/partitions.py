@@ -5,3 +5,4 @@ import dagster as dg
 ct_scans = dg.DynamicPartitionsDefinition(name="ct_scans")
 spike_sequences = dg.DynamicPartitionsDefinition(name="spike_sequences")
 image_sets = dg.DynamicPartitionsDefinition(name="image_sets")
+hub_ct_scans = dg.DynamicPartitionsDefinition(name="hub_ct_scans")

@@ -124,6 +124,17 @@ datasets_build = dg.define_asset_job(
 sensors = [discovery_sensor(f, j) for f, j in build_jobs.items()]
 schedules = [nightly_schedule(f, j) for f, j in build_jobs.items()]
 
+hub_catalog = dg.define_asset_job(
+    "hub_catalog",
+    selection=dg.AssetSelection.assets("hub_ct_catalog"),
+    description="List the hub split at a pinned commit; one partition per volume.",
+)
+hub_build = dg.define_asset_job(
+    "hub_build",
+    selection=dg.AssetSelection.assets("hub_ct_volume"),
+    description="Download and preprocess the chosen hub volumes.",
+)
+
 datasets_automation = dg.AutomationConditionSensorDefinition(
     "datasets_automation",
     target=dg.AssetSelection.groups("datasets"),

@@ -15,6 +15,7 @@ from zarrfeed.formats.discover import (
     read_ct_rate_labels,
     read_ct_rate_metadata,
 )
+from zarrfeed.sources import CTRateHub
 from zarrfeed.store import ZarrStore
 
 DEFAULT_STORE = os.environ.get("ZARRFEED_STORE", "data/zarrfeed.zarr")
@@ -49,6 +50,35 @@ class RawFolderResource(dg.ConfigurableResource):
 
     def image_sets(self) -> dict[str, Path]:
         return find_image_sets(self.root)
+
+
+class HuggingFaceResource(dg.ConfigurableResource):
+    """The CT-RATE repository on the Hugging Face hub.
+
+    The token is read from ``HF_TOKEN`` when a request is made; it is not a field, so it
+    never shows in the launchpad, run config or metadata.  ``HF_ENDPOINT`` (read by
+    huggingface_hub) or ``endpoint`` points at another hub.
+    """
+
+    repo_id: str = "ibrahimhamamci/CT-RATE"
+    revision: str = "main"
+    split: str = "valid"  # the *_fixed folder of this split
+    cache_dir: str | None = None  # default: the huggingface_hub cache (HF_HUB_CACHE)
+    endpoint: str | None = None
+    max_scans: int | None = None  # a cap for trial runs
+    download_retries: int = 4
+    delete_after_commit: bool = False  # remove each download once its partition is committed
+
+    def hub(self) -> CTRateHub:
+        return CTRateHub(
+            self.repo_id,
+            self.revision,
+            self.split,
+            cache_dir=self.cache_dir,
+            endpoint=self.endpoint,
+            max_scans=self.max_scans,
+            retries=self.download_retries,
+        )
 
 
 class BuildOptions(dg.ConfigurableResource):

@@ -1,0 +1,251 @@
+"""CT-RATE (``ibrahimhamamci/CT-RATE``) on the Hugging Face hub, through ``huggingface_hub``.
+
+* The revision is resolved to a commit once per listing and every download is pinned to it,
+  so a partition's provenance names the exact bytes.
+* Listing walks only the split's ``*_fixed`` folder with the paginated tree API and is saved
+  next to the hub cache, so discovery also works offline (``HF_HUB_OFFLINE=1``) from the last
+  listing, or from whatever files the cache holds.
+* Downloads go through ``hf_hub_download`` (size/ETag checks, in-call resume of a cut
+  transfer with Range requests), retried with exponential back-off on network errors.
+* The token comes from ``HF_TOKEN`` (or the argument) and never appears in an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx2  # huggingface_hub 2.x transport: its network errors
+from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from zarrfeed.errors import ZarrfeedError
+from zarrfeed.formats.discover import ct_stem
+from zarrfeed.store.keys import sanitise_key
+
+log = logging.getLogger(__name__)
+DEFAULT_REPO = "ibrahimhamamci/CT-RATE"
+TABLES = {  # CT-RATE's own names: "validation" for metadata and reports, "valid" for labels
+    "metadata": "dataset/metadata/{long}_metadata.csv",
+    "labels": "dataset/multi_abnormality_labels/{split}_predicted_labels.csv",
+    "reports": "dataset/radiology_text_reports/{long}_reports.csv",
+}
+NETWORK_ERRORS = (httpx2.TransportError, ConnectionError, TimeoutError)
+
+
+class HubError(ZarrfeedError):
+    """A hub request failed; the message says what to do (and never contains the token)."""
+
+
+@dataclass(frozen=True)
+class HubVolume:
+    key: str
+    path: str  # path in the repository
+    size: int
+    sha256: str | None  # LFS content hash, when the hub gives one
+
+
+class CTRateHub:
+    """One split of a CT-RATE-style dataset repository."""
+
+    def __init__(
+        self,
+        repo_id: str = DEFAULT_REPO,
+        revision: str = "main",
+        split: str = "train",
+        token: str | None = None,
+        cache_dir: str | Path | None = None,
+        endpoint: str | None = None,
+        max_scans: int | None = None,
+        retries: int = 4,
+        backoff_s: float = 1.0,
+    ) -> None:
+        if split not in ("train", "valid"):
+            raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
+        self.repo_id, self.revision, self.split = repo_id, revision, split
+        self._token = token or os.environ.get("HF_TOKEN") or None
+        self.cache_dir = Path(cache_dir or constants.HF_HUB_CACHE)
+        self.endpoint = endpoint or constants.ENDPOINT
+        self.max_scans, self.retries, self.backoff_s = max_scans, retries, backoff_s
+        self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
+
+    def __repr__(self) -> str:  # no token
+        return f"CTRateHub({self.repo_id!r}, revision={self.revision!r}, split={self.split!r})"
+
+    @property
+    def _listings(self) -> Path:
+        return self.cache_dir / "zarrfeed-listings" / self.repo_id.replace("/", "--")
+
+    # errors --------------------------------------------------------------------------------
+    def _explain(self, exc: Exception, what: str) -> HubError:
+        if isinstance(exc, GatedRepoError) or _status(exc) in (401, 403):
+            has = "the token in HF_TOKEN was refused" if self._token else "no HF_TOKEN is set"
+            return HubError(
+                f"{what}: access to {self.repo_id} denied ({has}). Accept the dataset's terms at "
+                f"https://huggingface.co/datasets/{self.repo_id} and export HF_TOKEN with a read "
+                "token (https://huggingface.co/settings/tokens)."
+            )
+        if isinstance(exc, EntryNotFoundError) or _status(exc) == 404:
+            return HubError(f"{what}: not found in {self.repo_id} at revision {self.revision}")
+        if isinstance(exc, RepositoryNotFoundError | RevisionNotFoundError):
+            return HubError(
+                f"{what}: repository {self.repo_id} or revision {self.revision} not found"
+            )
+        return HubError(f"{what}: {type(exc).__name__}: {_redact(str(exc), self._token)}")
+
+    def _retry(self, what: str, call):
+        """``call()`` with exponential back-off on network errors; HTTP errors are explained."""
+        for attempt in range(self.retries + 1):
+            try:
+                return call()
+            except OfflineModeIsEnabled:
+                raise
+            except NETWORK_ERRORS as exc:
+                if attempt == self.retries:
+                    raise HubError(
+                        f"{what}: network failure after {attempt + 1} attempts "
+                        f"({type(exc).__name__}); nothing was committed, retry later"
+                    ) from exc
+                delay = self.backoff_s * 2**attempt
+                log.warning("%s: %s, retrying in %.1fs", what, type(exc).__name__, delay)
+                time.sleep(delay)
+            except HfHubHTTPError as exc:
+                if _status(exc) in (429, 500, 502, 503, 504) and attempt < self.retries:
+                    time.sleep(self.backoff_s * 2**attempt)
+                    continue
+                raise self._explain(exc, what) from exc
+        raise AssertionError("unreachable")
+
+    # revision and listing -----------------------------------------------------------------
+    def resolve(self) -> str:
+        """The commit the revision points to (from the last listing when offline)."""
+        ref = self._listings / "refs" / self.revision
+        try:
+            sha = self._retry(
+                f"resolving {self.repo_id}@{self.revision}",
+                lambda: self.api.dataset_info(self.repo_id, revision=self.revision).sha,
+            )
+        except (OfflineModeIsEnabled, HubError) as exc:
+            if ref.exists() and (constants.HF_HUB_OFFLINE or "network failure" in str(exc)):
+                return ref.read_text().strip()
+            raise
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(sha)
+        return sha
+
+    def volumes(self) -> tuple[str, dict[str, HubVolume]]:
+        """(commit, key → volume) for the split, capped at ``max_scans`` (sorted keys)."""
+        if constants.HF_HUB_OFFLINE:
+            sha, found = self._offline_listing()
+        else:
+            sha = self.resolve()
+            found = self._online_listing(sha)
+        keys = sorted(found)[: self.max_scans] if self.max_scans else sorted(found)
+        return sha, {k: found[k] for k in keys}
+
+    def _online_listing(self, sha: str) -> dict[str, HubVolume]:
+        folder = f"dataset/{self.split}_fixed"
+
+        def walk() -> list:
+            return list(
+                self.api.list_repo_tree(
+                    self.repo_id, folder, recursive=True, repo_type="dataset", revision=sha
+                )
+            )
+
+        entries = self._retry(f"listing {folder}", walk)
+        found: dict[str, HubVolume] = {}
+        for e in entries:
+            if getattr(e, "size", None) is None or not e.path.endswith((".nii.gz", ".nii")):
+                continue
+            key = sanitise_key(ct_stem(Path(e.path)))
+            lfs = getattr(e, "lfs", None)
+            found[key] = HubVolume(key, e.path, int(e.size), getattr(lfs, "sha256", None))
+        listing = self._listings / sha / f"{self.split}.json"
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        listing.write_text(json.dumps([asdict(v) for v in found.values()]))
+        return found
+
+    def _offline_listing(self) -> tuple[str, dict[str, HubVolume]]:
+        ref = self._listings / "refs" / self.revision
+        if ref.exists():
+            sha = ref.read_text().strip()
+            listing = self._listings / sha / f"{self.split}.json"
+            if listing.exists():
+                return sha, {v["key"]: HubVolume(**v) for v in json.loads(listing.read_text())}
+        # No saved listing: whatever volumes the hub cache holds for the revision.
+        repo = self.cache_dir / f"datasets--{self.repo_id.replace('/', '--')}"
+        sha_file = repo / "refs" / self.revision
+        if not sha_file.exists():
+            raise HubError(
+                f"offline and no cached listing or snapshot of {self.repo_id}@{self.revision} "
+                f"under {self.cache_dir}: run once online first"
+            )
+        sha = sha_file.read_text().strip()
+        snap = repo / "snapshots" / sha
+        found = {}
+        for p in sorted((snap / f"dataset/{self.split}_fixed").rglob("*.nii*")):
+            key = sanitise_key(ct_stem(p))
+            found[key] = HubVolume(key, str(p.relative_to(snap)), p.stat().st_size, None)
+        return sha, found
+
+    # files ---------------------------------------------------------------------------------
+    def download(self, path: str, revision: str) -> Path:
+        """A file of the repository at ``revision`` (from the cache when it is there)."""
+
+        def get() -> str:
+            return hf_hub_download(
+                self.repo_id,
+                path,
+                repo_type="dataset",
+                revision=revision,
+                cache_dir=self.cache_dir,
+                token=self._token or False,
+                endpoint=self.endpoint,
+            )
+
+        try:
+            return Path(self._retry(f"downloading {path}", get))
+        except LocalEntryNotFoundError as exc:
+            raise HubError(
+                f"downloading {path}: offline and not in the cache {self.cache_dir}"
+            ) from exc
+
+    def table(self, kind: str, revision: str) -> Path | None:
+        """The split's metadata, labels or reports CSV (None if the repository has none)."""
+        long = "train" if self.split == "train" else "validation"
+        path = TABLES[kind].format(long=long, split=self.split)
+        try:
+            return self.download(path, revision)
+        except HubError as exc:
+            if "not found" in str(exc):
+                return None
+            raise
+
+    def forget(self, path: Path) -> None:
+        """Remove a downloaded file from the cache (its blob and its snapshot link)."""
+        blob = path.resolve()
+        for p in {path, blob}:
+            if p.exists() or p.is_symlink():
+                p.unlink()
+
+
+def _status(exc: Exception) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _redact(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text
