@@ -95,7 +95,16 @@ def epoch_rate(dataset: Dataset, workers: int, epochs: int = 1, **kw) -> float:
         if workers
         else {}
     )
-    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, **extra, **kw)
+    collate = getattr(dataset, "collate", None)  # zarrfeed collates whole batches in workers
+    loader = DataLoader(
+        dataset,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        collate_fn=collate,
+        **extra,
+        **kw,
+    )
     iter(loader).__next__()  # start the workers
     t0, n = time.perf_counter(), 0
     for _ in range(epochs):

@@ -103,7 +103,9 @@ def test_workers_read_identically_under_every_start_method(built, context, tmp_p
     ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
     ds.cache = SharedArrayCache(f"{context}-{tmp_path}", 1 << 28, root=tmp_path)
     expected = [ds[i]["image"] for i in range(8)]  # the parent has opened and read the store
-    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=ds.collate
+    )
     got = torch.cat([b["image"] for _, b in zip(range(2), loader, strict=False)])
     torch.testing.assert_close(got, torch.stack(expected))
     stats = ds.cache.stats()
@@ -179,7 +181,9 @@ def test_errors_name_the_store_asset_and_partition(built, tmp_path):
     for chunk in chunks.rglob("*"):
         if chunk.is_file():
             chunk.write_bytes(b"garbage")
-    loader = DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="fork")
+    loader = DataLoader(
+        ds, batch_size=2, num_workers=1, multiprocessing_context="fork", collate_fn=ds.collate
+    )
     with pytest.raises(RuntimeError, match=f"ct/windows of {copy}"):
         next(iter(loader))
     ds.partitions[1]["arrays"]["bone"]["shape"] = [1, 2, 3]

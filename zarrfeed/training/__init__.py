@@ -6,6 +6,7 @@ from zarrfeed.training.datasets import (
     ImagePatchDataset,
     SparsePointsDataset,
     SpikeClipDataset,
+    collate_batch,
     collate_points,
 )
 from zarrfeed.training.loader import (
@@ -25,6 +26,7 @@ __all__ = [
     "SparsePointsDataset",
     "SpikeClipDataset",
     "autotune",
+    "collate_batch",
     "collate_points",
     "make_loader",
     "measure",

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.errors import StoreError
 from zarrfeed.formats import read_dat
@@ -27,6 +27,14 @@ from zarrfeed.transforms.defects import random_defects, render_defects
 from zarrfeed.transforms.sparse import sample_points
 
 GB = 1 << 30
+
+
+_TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
+
+
+def collate_batch(batch: Any) -> Any:
+    """Collate for datasets whose ``__getitems__`` already returns a collated batch."""
+    return batch if isinstance(batch, dict) else default_collate(batch)
 
 
 class StoreDataset(Dataset):
@@ -142,12 +150,16 @@ def _fill(dataset: StoreDataset, item: int, name: str) -> None:
 class CTPatchDataset(StoreDataset):
     """Windowed CT patches through the consolidated patch index, or whole volumes.
 
+    Batches come collated from the workers (``__getitems__``): pass ``collate_batch`` as the
+    DataLoader's ``collate_fn`` (``make_loader`` does it).
+
     ``patch=None`` yields whole volumes; otherwise each item is one entry of the patch
     index built by ``ct_patches`` (mostly-body patches).  CT-RATE labels come along as
     float32 0/1 (NaN where a scan has no label row).
     """
 
     dataset, asset = "ct", "ct/windows"
+    collate = staticmethod(collate_batch)
 
     def __init__(
         self,
@@ -200,6 +212,38 @@ class CTPatchDataset(StoreDataset):
             return out
 
         return self.guarded(index, load)
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        """A whole batch of patches, collated in the worker (DataLoader's batched fetch).
+
+        Each patch is copied once, from the shared cache straight into a batch tensor that
+        lives in shared memory, so handing it to the main process copies nothing more.  The
+        per-sample path copies three times (slice, collate, transfer).  Use with
+        :func:`collate_batch` (``make_loader`` does).
+        """
+        if not self.patch:
+            return default_collate([self[i] for i in indices])
+
+        def load() -> dict[str, Any]:
+            idx = np.asarray(indices)
+            items = self.items[idx].astype(np.int64)
+            first = self.array(int(items[0]), self.window)
+            image = torch.empty(
+                (len(idx), 1, *self.patch_shape), dtype=_TORCH_DTYPES[first.dtype.str[1:]]
+            )
+            image.share_memory_()
+            out = image.numpy()
+            d, h, w = self.patch_shape
+            for row, (i, item) in enumerate(zip(idx, items, strict=True)):
+                z, y, x = (int(o) for o in self.origins[i])
+                region = (slice(z, z + d), slice(y, y + h), slice(x, x + w))
+                out[row, 0] = self.region(int(item), self.window, region)
+            batch = {"image": image, "item": torch.from_numpy(items)}
+            if self.labels is not None:
+                batch["labels"] = torch.from_numpy(self.labels[items])
+            return batch
+
+        return self.guarded(int(indices[0]), load)
 
 
 class SparsePointsDataset(StoreDataset):

@@ -167,6 +167,7 @@ def make_loader(
 ) -> tuple[DataLoader, LoaderPlan]:
     """A DataLoader over ``dataset`` with a planned configuration, preloading its cache when
     the whole dataset fits the budget (``preload="auto"``)."""
+    collate_fn = collate_fn or getattr(dataset, "collate", None)
     cache = getattr(dataset, "cache", None)
     budget = cache.budget_bytes if cache is not None else 0
     total = dataset.nbytes() if hasattr(dataset, "nbytes") else 0
@@ -290,7 +291,11 @@ def autotune(
     for n in candidates or sorted({0, 1, cpus, max(1, cpus - 1)}):
         plan = plan_loader(len(dataset), batch_size, n, context=context)
         loader = DataLoader(
-            dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_fn, **plan.kwargs()
+            dataset,
+            batch_size=batch_size,
+            shuffle=True,
+            collate_fn=collate_fn or getattr(dataset, "collate", None),
+            **plan.kwargs(),
         )
         results[n] = (measure(loader, batches).samples_per_s, plan)
         del loader
