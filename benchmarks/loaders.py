@@ -398,6 +398,7 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
     try:
         ct_loaders(work, (96, 128, 128) if args.quick else (240, 480, 480))
         pss(work, 0.25 if args.quick else 2.0)

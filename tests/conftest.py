@@ -19,6 +19,26 @@ def package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_root():
+    """Shared caches made by the tests live in one folder removed at the end (tmpfs is RAM)."""
+    import os
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(
+        prefix="zarrfeed-tests-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+    )
+    old = os.environ.get("ZARRFEED_CACHE_ROOT")
+    os.environ["ZARRFEED_CACHE_ROOT"] = root  # inherited by workers and subprocesses
+    yield Path(root)
+    if old is None:
+        os.environ.pop("ZARRFEED_CACHE_ROOT", None)
+    else:
+        os.environ["ZARRFEED_CACHE_ROOT"] = old
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def spikezoo_data() -> Path:
     return package_dir("spikezoo") / "data" / "base"

@@ -32,7 +32,13 @@ HITS, MISSES, BYTES_READ, EVICTIONS = range(4)
 
 
 def shm_root() -> Path:
-    """``/dev/shm`` where it exists (Linux), else the temporary folder."""
+    """``ZARRFEED_CACHE_ROOT`` if set, else ``/dev/shm`` where it exists, else the temp folder.
+
+    Entries outlive the processes on purpose (the next run starts warm); ``clear()`` or
+    removing the folder frees the memory.
+    """
+    if root := os.environ.get("ZARRFEED_CACHE_ROOT"):
+        return Path(root)
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 
