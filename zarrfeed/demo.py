@@ -29,17 +29,24 @@ def prepare_home(home: Path, runs: int) -> None:
         config.write_text(DAGSTER_YAML.format(runs=runs))
 
 
+def use_home(home: Path, **env: str) -> None:
+    """Point Dagster at ``home`` and the resources at ``env`` (``ZARRFEED_*``): before the
+    definitions are imported, since resource defaults are read then."""
+    os.environ.update({"DAGSTER_HOME": str(home.resolve()), **env})
+    from zarrfeed.definitions import usable_cpus
+
+    prepare_home(home, usable_cpus())
+
+
 def run_demo(raw: Path, store: str, home: Path) -> list[dict]:
     """Discover, build every partition of every family, then the dataset manifests."""
-    os.environ["DAGSTER_HOME"] = str(home.resolve())
-    os.environ["ZARRFEED_RAW"], os.environ["ZARRFEED_STORE"] = str(raw), store
+    use_home(home, ZARRFEED_RAW=str(raw), ZARRFEED_STORE=store)
     import dagster as dg
     from tqdm import tqdm
 
-    from zarrfeed.definitions import defs, usable_cpus
+    from zarrfeed.definitions import defs
     from zarrfeed.jobs import FAMILIES
 
-    prepare_home(home, usable_cpus())
     raw_resource = defs.resources["raw"]
     rows = []
     with dg.DagsterInstance.get() as instance:
@@ -64,15 +71,13 @@ def run_demo(raw: Path, store: str, home: Path) -> list[dict]:
 
 def run_hub(hf_config: dict, store: str, home: Path) -> list[dict]:
     """List the hub split (partitions appear), then build each volume with a progress bar."""
-    os.environ["DAGSTER_HOME"] = str(home.resolve())
-    os.environ["ZARRFEED_STORE"] = store
+    use_home(home, ZARRFEED_STORE=store)
     import dagster as dg
     from tqdm import tqdm
 
     from zarrfeed.assets.partitions import hub_ct_scans
-    from zarrfeed.definitions import defs, usable_cpus
+    from zarrfeed.definitions import defs
 
-    prepare_home(home, usable_cpus())
     run_config = {"resources": {"hf": {"config": hf_config}}}
     rows = []
     with dg.DagsterInstance.get() as instance:

@@ -5,9 +5,7 @@ A committed volume built from the same file (LFS sha256) and preset is reused wi
 downloading, so a rerun after an interruption fetches only what is missing.
 """
 
-import csv
 import time
-from pathlib import Path
 
 import dagster as dg
 import numpy as np
@@ -24,7 +22,12 @@ from zarrfeed.assets.build import (
 from zarrfeed.assets.metadata import preview
 from zarrfeed.assets.partitions import hub_ct_scans
 from zarrfeed.formats import read_nifti
-from zarrfeed.formats.discover import ct_stem, read_ct_rate_labels, rescale_from_metadata
+from zarrfeed.formats.discover import (
+    read_ct_rate_labels,
+    read_ct_rate_metadata,
+    read_ct_rate_reports,
+    rescale_from_metadata,
+)
 from zarrfeed.resources import BuildOptions, HuggingFaceResource, ZarrStoreResource
 from zarrfeed.sources import HubVolume
 from zarrfeed.store import provenance
@@ -51,7 +54,7 @@ def hub_ct_catalog(
     context.instance.add_dynamic_partitions(hub_ct_scans.name, [k for k in keys if k not in known])
     labels_csv, reports_csv = hub.table("labels", sha), hub.table("reports", sha)
     names, rows = read_ct_rate_labels(labels_csv.parent) if labels_csv else ([], {})
-    reports = _reports(reports_csv) if reports_csv else {}
+    reports = read_ct_rate_reports(reports_csv.parent) if reports_csv else {}
     text = [reports.get(k, "") for k in keys]
     blob = "".join(text).encode()
     offsets = np.cumsum([0, *(len(t.encode()) for t in text)], dtype=np.int64)
@@ -91,20 +94,6 @@ def hub_ct_catalog(
     )
 
 
-def _reports(path) -> dict[str, str]:
-    with open(path, newline="") as f:
-        return {
-            ct_stem_of(r["VolumeName"]): "\n\n".join(
-                r.get(c) or "" for c in ("Findings_EN", "Impressions_EN")
-            )
-            for r in csv.DictReader(f)
-        }
-
-
-def ct_stem_of(name: str) -> str:
-    return ct_stem(Path(name))
-
-
 @partitioned_asset(
     partitions_def=hub_ct_scans,
     group="hub",
@@ -125,10 +114,7 @@ def hub_ct_volume(
     sha = catalog["revision_sha"]
     files = catalog["files"]  # from the catalog: no listing call, and it works offline
     metadata_csv = hub.table("metadata", sha)
-    meta = {}
-    if metadata_csv:
-        with open(metadata_csv, newline="") as f:
-            meta = {ct_stem_of(r["VolumeName"]): r for r in csv.DictReader(f)}
+    meta = read_ct_rate_metadata(metadata_csv.parent) if metadata_csv else {}
     preset = ct.CT_CLIP
 
     def one(key: str) -> Built:

@@ -78,6 +78,23 @@ def read_ct_rate_labels(root: str | Path) -> tuple[list[str], dict[str, list[int
     return names, rows
 
 
+def read_ct_rate_reports(root: str | Path) -> dict[str, str]:
+    """VolumeName stem → findings and impressions, from every ``*reports*.csv`` under ``root``
+    (CT-CLIP reads these two columns; "Not given." is kept as written)."""
+    reports: dict[str, str] = {}
+    for csv_path in sorted(Path(root).rglob("*reports*.csv")):
+        with open(csv_path, newline="") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or "VolumeName" not in reader.fieldnames:
+                raise InputError(
+                    csv_path, "a CT-RATE report CSV with VolumeName", str(reader.fieldnames)
+                )
+            for row in reader:
+                text = (row.get(c) or "" for c in ("Findings_EN", "Impressions_EN"))
+                reports[ct_stem(Path(row["VolumeName"]))] = "\n\n".join(text)
+    return reports
+
+
 def rescale_from_metadata(row: dict[str, str] | None) -> tuple[float, float]:
     """(slope, intercept) from a metadata row; (1, 0) when there is none."""
     if not row:

@@ -82,18 +82,12 @@ class SharedArrayCache:
                 table = np.memmap(path, dtype=np.int64, mode="r+", shape=(STAT_ROWS, 5))
                 pid = os.getpid()
                 mine = np.flatnonzero(table[:, 0] == pid)
-                free = [
-                    r for r in range(STAT_ROWS) if table[r, 0] == 0 or not _alive(int(table[r, 0]))
-                ]
-                self._row = int(mine[0]) if mine.size else (free[0] if free else STAT_ROWS - 1)
-                if not mine.size:
-                    keep = (
-                        table[self._row, 1:].copy()
-                        if table[self._row, 0]
-                        else np.zeros(4, np.int64)
-                    )
+                if mine.size:
+                    self._row = int(mine[0])
+                else:  # a free row, or one of a dead process (its counts still count)
+                    rows = (r for r in range(STAT_ROWS) if not _alive(int(table[r, 0])))
+                    self._row = next(rows, STAT_ROWS - 1)
                     table[self._row, 0] = pid
-                    table[self._row, 1:] = keep  # a dead process's counts still count
             self._stats = table
         return self._stats
 
@@ -219,6 +213,8 @@ class SharedArrayCache:
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # 0: a row never used
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
