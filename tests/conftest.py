@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from zarrfeed.samples import make_sample_data
+from zarrfeed.store import ZarrStore
 
 
 def package_dir(name: str) -> Path:
@@ -23,7 +27,6 @@ def package_dir(name: str) -> Path:
 def cache_root():
     """Shared caches made by the tests live in one folder removed at the end (tmpfs is RAM)."""
     import os
-    import shutil
     import tempfile
 
     root = tempfile.mkdtemp(
@@ -55,8 +58,6 @@ def sample_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dagster_env(tmp_path: Path, sample_dir: Path):
     """(raw folder, resources, instance): a copy of the sample data, a store and a real
     Dagster instance in a temporary DAGSTER_HOME, with small CT settings for speed."""
-    import shutil
-
     import dagster as dg
 
     from zarrfeed.definitions import RESOURCES
@@ -75,3 +76,20 @@ def dagster_env(tmp_path: Path, sample_dir: Path):
     (tmp_path / "dagster_home").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
         yield raw, resources, instance
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, sample_dir):
+    """Every family of the sample data materialised into one store (session-wide).
+
+    Built in a fresh interpreter: Dagster keeps process-global definitions state, and these
+    tests should not depend on which Dagster tests ran before them.
+    """
+    tmp = tmp_path_factory.mktemp("built")
+    raw = tmp / "raw"
+    shutil.copytree(sample_dir, raw)
+    script = Path(__file__).with_name("build_sample_store.py")
+    args = [sys.executable, str(script), str(raw), str(tmp / "store.zarr"), str(tmp / "home")]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return ZarrStore(tmp / "store.zarr"), raw

@@ -3,8 +3,6 @@
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,6 @@ from torch.utils.data import DataLoader
 
 from zarrfeed.errors import StoreError
 from zarrfeed.formats.discover import read_ct_rate_labels
-from zarrfeed.store import ZarrStore
 from zarrfeed.training import (
     CTPatchDataset,
     ImagePatchDataset,
@@ -27,23 +24,6 @@ from zarrfeed.training import (
 )
 
 CT_KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory, sample_dir):
-    """Every family of the sample data materialised into one store (session-wide).
-
-    Built in a fresh interpreter: Dagster keeps process-global definitions state, and these
-    tests should not depend on which Dagster tests ran before them.
-    """
-    tmp = tmp_path_factory.mktemp("built")
-    raw = tmp / "raw"
-    shutil.copytree(sample_dir, raw)
-    script = Path(__file__).with_name("build_sample_store.py")
-    args = [sys.executable, str(script), str(raw), str(tmp / "store.zarr"), str(tmp / "home")]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return ZarrStore(tmp / "store.zarr"), raw
 
 
 @pytest.fixture

@@ -108,6 +108,24 @@ def _benchmark_loader(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from zarrfeed.training.config import TrainConfig
+
+    given = {"task": args.task, "store": args.store, "out": args.out}
+    config = TrainConfig.load(args.config, **{k: v for k, v in given.items() if v is not None})
+    if args.steps is not None:
+        config.train.steps = args.steps
+    if args.print_config:
+        print(config.to_yaml(), end="")
+        return 0
+    from zarrfeed.training.trainer import train
+
+    result = train(config)
+    if result.eval_after:  # rank 0 (torchrun runs this on every rank)
+        print(f"checkpoint {result.checkpoint}; metrics {config.run_dir / 'metrics.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarrfeed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-gb", type=float, default=2.0, help="shared cache budget")
     p.add_argument("--autotune", action="store_true", help="measure worker counts first")
     p.set_defaults(func=_benchmark_loader)
+
+    p = sub.add_parser(
+        "train", help="train a model on the store (also under torchrun: DDP, one shard per rank)"
+    )
+    p.add_argument("--config", help="YAML file (sections data, dataloader, train); see configs/")
+    p.add_argument("--task", help="override the config's task (see --print-config)")
+    p.add_argument("--store", help="override the store URL")
+    p.add_argument("--out", help="override the checkpoint folder")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config")
+    p.set_defaults(func=_train)
     return parser
 
 

@@ -21,3 +21,7 @@ class InvalidKeyError(ZarrfeedError, ValueError):
 
 class StoreError(ZarrfeedError):
     """The store does not hold what was asked for."""
+
+
+class ConfigError(ZarrfeedError, ValueError):
+    """A configuration that cannot run: the message names the file or field and why."""

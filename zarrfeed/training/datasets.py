@@ -45,7 +45,9 @@ class StoreDataset(Dataset):
 
     def __init__(self, store: str | ZarrStore, cache_gb: float = 2.0, seed: int = 0) -> None:
         self.url = store.url if isinstance(store, ZarrStore) else str(store)
-        self.seed, self.epoch = seed, 0
+        self.seed = seed
+        # Shared with the workers (persistent ones too): set_epoch reaches them.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.cache = SharedArrayCache(f"{self.url}|{self.asset}", int(cache_gb * GB))
         self._store: ZarrStore | None = None
         self._pid = os.getpid()
@@ -67,9 +69,17 @@ class StoreDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_store": None, "_handles": {}}
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        """Random crops and defects depend on (seed, epoch, index): reproducible per epoch."""
-        self.epoch = epoch
+        """Random crops and defects depend on (seed, epoch, index): reproducible per epoch.
+
+        The epoch lives in shared memory, so persistent workers see the change; call it
+        before iterating the loader for that epoch.
+        """
+        self._epoch[0] = epoch
 
     def rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.epoch, index])

@@ -1,0 +1,118 @@
+"""The training configuration: one typed model, read from YAML by ``zarrfeed train --config``
+and turned into Dagster run config by :mod:`zarrfeed.assets.training` (no Dagster here).
+
+Sections follow seed 001's file (``data``, ``dataloader``, ``train``); every default runs on
+the built-in sample data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from zarrfeed.errors import ConfigError
+
+Task = Literal["ct_classifier", "sparse_autoencoder", "spike_deblur", "defect_segmentation"]
+TASKS: tuple[str, ...] = Task.__args__
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(Section):
+    """What the task reads from the store (fields a task does not use are ignored)."""
+
+    window: str = Field("lung", description="CT window (ct_classifier, sparse_autoencoder)")
+    patch: bool = Field(True, description="CT patches from the patch index, else whole volumes")
+    max_points: int = Field(
+        1 << 20, description="points per scan before rebuilding the occupancy grid"
+    )
+    clip_len: int = Field(3, description="spike clip length in samples (seed 001 CLIP_LEN)")
+    crop: list[int] = Field([64, 64], description="spike crop (H, W)")
+    voxels: Literal["stored", "realtime"] = Field("stored", description="spike voxel source")
+    defects: bool = Field(True, description="synthesise local defects on image patches")
+    cache_gb: float = Field(1.0, description="shared decoded-array cache (seed 001 CACHE_SIZE_GB)")
+    eval_batches: int = Field(4, description="fixed batches scored before and after training")
+
+
+class LoaderConfig(Section):
+    """DataLoader sizing (``zarrfeed.training.loader.plan_loader``)."""
+
+    workers: str = Field("auto", description="'auto', 'cpu*0.9' or an integer (seed 001)")
+    context: Literal["fork", "forkserver", "spawn"] = "forkserver"
+    preload: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _count_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class TrainSection(Section):
+    """The loop (seed 004)."""
+
+    steps: int = Field(40, description="optimiser steps in all (a resumed run continues to it)")
+    batch_size: int = 4
+    accumulate: int = Field(1, description="micro-batches per optimiser step")
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = Field(1.0, description="0 disables clipping")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto",
+        description="auto: bf16 where the GPU/CPU has native bf16, fp16 + scaler on other GPUs, "
+        "else fp32",
+    )
+    grad_checkpointing: bool = False
+    release_every: int = Field(0, description="empty the CUDA cache + gc every N steps (0: off)")
+    log_every: int = 5
+    checkpoint_every: int = Field(20, description="steps between checkpoints (the last always)")
+    device: str = Field("auto", description="auto: cuda when present, else cpu")
+    width: int = Field(16, description="channels of the first model layer")
+
+
+class TrainConfig(Section):
+    """One training run: task, where the data and checkpoints live, and the three sections."""
+
+    task: Task = "ct_classifier"
+    store: str = Field("data/zarrfeed.zarr", description="Zarr store URL")
+    out: str = Field("data/models", description="folder of the checkpoints")
+    run_name: str = Field("", description="checkpoints go to <out>/<task>/<run_name>/")
+    seed: int = 0
+    resume: bool = Field(True, description="continue from <out>/<task>/last.pt when present")
+    data: DataConfig = DataConfig()
+    dataloader: LoaderConfig = LoaderConfig()
+    train: TrainSection = TrainSection()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out) / self.task / self.run_name
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+        """The defaults, a YAML file over them, and ``overrides`` over both; errors name the
+        file and the offending key."""
+        raw: Any = {}
+        where = str(path) if path else "training config"
+        if path is not None:
+            try:
+                raw = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"cannot read training config {path}: {exc}") from exc
+            if not isinstance(raw, dict):
+                raise ConfigError(
+                    f"{path}: expected a mapping of sections, found {type(raw).__name__}"
+                )
+        try:
+            return cls.model_validate({**raw, **overrides})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigError(f"{where}: {problems}") from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(), sort_keys=False)

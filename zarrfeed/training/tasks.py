@@ -1,0 +1,210 @@
+"""The four training tasks: which dataset each reads, its model, its loss and metrics.
+
+A task turns a collated batch (already on the device) into ``(loss, metrics)``; the trainer
+owns everything else.  Inputs are converted to float inside the task, under autocast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from zarrfeed.errors import StoreError
+from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.datasets import (
+    CTPatchDataset,
+    ImagePatchDataset,
+    SparsePointsDataset,
+    SpikeClipDataset,
+    collate_points,
+)
+from zarrfeed.training.models import (
+    CTClassifier,
+    DefectSegmenter,
+    OccupancyAutoencoder,
+    SpikeDeblur,
+)
+
+Batch = dict[str, torch.Tensor]
+
+
+class Task:
+    """One task: ``dataset``, ``model`` and ``loss``; ``family`` names the manifest it reads."""
+
+    name: str = ""
+    family: str = ""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+
+    def dataset(self) -> Dataset:
+        raise NotImplementedError
+
+    def model(self, dataset: Dataset) -> nn.Module:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
+        return getattr(dataset, "collate", None) or default_collate
+
+
+class CTClassification(Task):
+    """CT-RATE multi-label classification (18 findings) on windowed patches or volumes."""
+
+    name, family = "ct_classifier", "ct"
+
+    def dataset(self) -> CTPatchDataset:
+        d = self.config.data
+        ds = CTPatchDataset(
+            self.config.store, d.window, d.patch, cache_gb=d.cache_gb, seed=self.config.seed
+        )
+        if ds.labels is None:
+            raise StoreError(
+                f"ct_classifier needs CT-RATE labels: {self.config.store} has no "
+                "datasets/ct/labels table (put the multi_abnormality_labels CSV beside the "
+                "scans and rebuild ct_dataset)"
+            )
+        return ds
+
+    def model(self, dataset: Dataset) -> nn.Module:
+        t = self.config.train
+        return CTClassifier(len(dataset.label_names), t.width, t.grad_checkpointing)
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        logits = model(batch["image"].float())
+        labels = batch["labels"]
+        known = ~torch.isnan(labels)  # scans without a label row do not count
+        target = torch.nan_to_num(labels)
+        per = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
+        loss = (per * known).sum() / known.sum().clamp(min=1)
+        correct = ((logits > 0) == (target > 0.5)) & known
+        accuracy = correct.sum().item() / max(1, known.sum().item())
+        return loss, {"accuracy": accuracy}
+
+
+class SparseAutoencoder(Task):
+    """Occupancy grids rebuilt from the sparse indices (TRELLIS 64³), encoded and decoded."""
+
+    name, family = "sparse_autoencoder", "ct"
+
+    def dataset(self) -> SparsePointsDataset:
+        d = self.config.data
+        ds = SparsePointsDataset(
+            self.config.store,
+            d.window,
+            max_points=d.max_points,
+            cache_gb=d.cache_gb,
+            seed=self.config.seed,
+        )
+        grid = ds.store.commit_record(ds.asset, ds.keys[0])["attrs"]["params"]["grid"]
+        if not grid:
+            raise StoreError(
+                f"sparse_autoencoder needs an occupancy grid: {ds.asset} of {ds.url} was built "
+                "at full resolution (set ct_settings.sparse_grid, e.g. 64)"
+            )
+        self.grid = int(grid)
+        return ds
+
+    def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
+        return collate_points
+
+    def model(self, dataset: Dataset) -> nn.Module:
+        t = self.config.train
+        return OccupancyAutoencoder(t.width, checkpointing=t.grad_checkpointing)
+
+    def occupancy(self, batch: Batch) -> torch.Tensor:
+        coords = batch["coords"].long()
+        g = self.grid
+        grid = torch.zeros((len(batch["counts"]), 1, g, g, g), device=coords.device)
+        grid[coords[:, 0], 0, coords[:, 1], coords[:, 2], coords[:, 3]] = 1.0
+        return grid
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        target = self.occupancy(batch)
+        logits = model(target).float()
+        # Occupied cells are the minority: weigh them by the empty/occupied ratio (capped).
+        occupied = target.sum().clamp(min=1)
+        weight = ((target.numel() - occupied) / occupied).clamp(max=20.0)
+        loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight)
+        pred = logits > 0
+        union = (pred | (target > 0)).sum().item()
+        iou = (pred & (target > 0)).sum().item() / max(1, union)
+        return loss, {"iou": iou}
+
+
+class SpikeDeblurring(Task):
+    """Seed 001: the clip's middle blurred frame + its spike voxels → the sharp frame."""
+
+    name, family = "spike_deblur", "spike"
+
+    def dataset(self) -> SpikeClipDataset:
+        d = self.config.data
+        ds = SpikeClipDataset(
+            self.config.store,
+            d.clip_len,
+            tuple(d.crop),
+            d.voxels,
+            cache_gb=d.cache_gb,
+            seed=self.config.seed,
+        )
+        params = ds.store.commit_record("spike/voxels", ds.keys[0])["attrs"]["params"]
+        self.voxel_scale = float(math.ceil(params["frames"] / params["bins"]))  # max count per bin
+        return ds
+
+    def model(self, dataset: Dataset) -> nn.Module:
+        _, bins, _, _ = dataset.voxel_shapes[0]
+        t = self.config.train
+        return SpikeDeblur(3 + self.config.data.clip_len * bins, t.width, t.grad_checkpointing)
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        mid = batch["blur"].shape[1] // 2
+        blur = batch["blur"][:, mid].float() / 255
+        sharp = batch["sharp"][:, mid].float() / 255
+        voxels = batch["voxels"].flatten(1, 2).float() / self.voxel_scale
+        pred = model(blur, voxels).float()
+        loss = F.l1_loss(pred, sharp)
+        mse = F.mse_loss(pred.clamp(0, 1), sharp).item()
+        return loss, {"psnr": 10 * math.log10(1 / max(mse, 1e-10))}
+
+
+class DefectSegmentation(Task):
+    """Seed 002: segment synthesised local defects on inspection-image patches."""
+
+    name, family = "defect_segmentation", "image"
+
+    def dataset(self) -> ImagePatchDataset:
+        d = self.config.data
+        return ImagePatchDataset(
+            self.config.store, d.defects, cache_gb=d.cache_gb, seed=self.config.seed
+        )
+
+    def model(self, dataset: Dataset) -> nn.Module:
+        t = self.config.train
+        return DefectSegmenter(3, t.width, t.grad_checkpointing)
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        logits = model(batch["image"]).float()
+        target = batch["mask"].float()
+        prob = torch.sigmoid(logits)
+        dice = 1 - (2 * (prob * target).sum() + 1) / (prob.sum() + target.sum() + 1)
+        loss = F.binary_cross_entropy_with_logits(logits, target) + dice
+        pred, truth = logits > 0, target > 0
+        iou = (pred & truth).sum().item() / max(1, (pred | truth).sum().item())
+        return loss, {"iou": iou}
+
+
+TASK_TYPES: dict[str, type[Task]] = {
+    t.name: t for t in (CTClassification, SparseAutoencoder, SpikeDeblurring, DefectSegmentation)
+}
+
+
+def make_task(config: TrainConfig) -> Task:
+    return TASK_TYPES[config.task](config)
