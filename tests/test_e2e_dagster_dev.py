@@ -6,40 +6,17 @@ and a successful run with no click; a partition run launched through the API mus
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from dagsterdev import start_dagster_dev, wait_for
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 RUNS_QUERY = """
 query Runs($tag: String!) {
   runsOrError(filter: {tags: [{key: "dagster/partition", value: $tag}]}) {
     ... on Runs { results { runId status jobName } }
   }
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @pytest.fixture
@@ -49,44 +26,10 @@ def dagster_dev(tmp_path, sample_dir):
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "ZARRFEED_RAW": str(raw),
            "ZARRFEED_STORE": str(tmp_path / "store.zarr")}  # fmt: skip
-    log = open(tmp_path / "dagster_dev.log", "w")  # noqa: SIM115  (closed below)
-    proc = subprocess.Popen(
-        [
-            Path(sys.executable).with_name("dagster"),
-            "dev",
-            "-w",
-            "workspace.yaml",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-
-        def up():
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info").status == 200
-            except OSError:
-                return False
-
-        wait_for(up, 120, "the webserver")
+    with start_dagster_dev(env, tmp_path / "dagster_dev.log") as port:
         yield port, tmp_path
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def test_sensor_and_graphql_runs_succeed_against_dagster_dev(dagster_dev):

@@ -13,12 +13,15 @@ from zarrfeed.jobs import (
     hub_catalog,
     schedules,
     sensors,
+    train,
+    training_automation,
 )
 from zarrfeed.resources import (
     BuildOptions,
     CTSettings,
     HuggingFaceResource,
     ImageSettings,
+    ModelsResource,
     RawFolderResource,
     SpikeSettings,
     ZarrStoreResource,
@@ -38,12 +41,13 @@ RESOURCES = {
     "spike_settings": SpikeSettings(),
     "image_settings": ImageSettings(),
     "hf": HuggingFaceResource(),
+    "models": ModelsResource(),
 }
 
 defs = dg.Definitions(
     assets=all_assets,
-    jobs=[*build_jobs.values(), datasets_build, hub_catalog, hub_build],
-    sensors=[*sensors, datasets_automation],
+    jobs=[*build_jobs.values(), datasets_build, hub_catalog, hub_build, train],
+    sensors=[*sensors, datasets_automation, training_automation],
     schedules=schedules,
     resources=RESOURCES,
     executor=dg.multiprocess_executor.configured({"max_concurrent": usable_cpus()}),

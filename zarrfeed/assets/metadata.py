@@ -47,5 +47,11 @@ def preview(image: np.ndarray, title: str = "preview", max_side: int = 256) -> d
     pil.thumbnail((max_side, max_side))
     buf = io.BytesIO()
     pil.save(buf, format="PNG")
-    data = base64.b64encode(buf.getvalue()).decode()
-    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{data})")
+    return png_markdown(buf.getvalue(), title)
+
+
+def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
+    """PNG bytes inline in markdown: the UI shows it on the materialisation."""
+    return dg.MetadataValue.md(
+        f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})"
+    )

@@ -135,9 +135,23 @@ hub_build = dg.define_asset_job(
     description="Download and preprocess the chosen hub volumes.",
 )
 
-datasets_automation = dg.AutomationConditionSensorDefinition(
-    "datasets_automation",
-    target=dg.AssetSelection.groups("datasets"),
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=15,
+
+def automation_sensor(group: str) -> dg.AutomationConditionSensorDefinition:
+    """Evaluates the automation conditions of ``group``; running by default (Dagster's own
+    default sensor starts stopped: shared/notes/dagster.md §2)."""
+    return dg.AutomationConditionSensorDefinition(
+        f"{group}_automation",
+        target=dg.AssetSelection.groups(group),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=15,
+    )
+
+
+datasets_automation = automation_sensor("datasets")
+
+train = dg.define_asset_job(
+    "train",
+    selection=dg.AssetSelection.groups("training"),
+    description="Train every model on the current dataset manifests (run config: TrainConfig).",
 )
+training_automation = automation_sensor("training")

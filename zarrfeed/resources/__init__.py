@@ -20,6 +20,7 @@ from zarrfeed.store import ZarrStore
 
 DEFAULT_STORE = os.environ.get("ZARRFEED_STORE", "data/zarrfeed.zarr")
 DEFAULT_RAW = os.environ.get("ZARRFEED_RAW", "data/raw")
+DEFAULT_MODELS = os.environ.get("ZARRFEED_MODELS", "data/models")
 
 
 class ZarrStoreResource(dg.ConfigurableResource):
@@ -29,6 +30,13 @@ class ZarrStoreResource(dg.ConfigurableResource):
 
     def store(self) -> ZarrStore:
         return ZarrStore(self.url)
+
+
+class ModelsResource(dg.ConfigurableResource):
+    """Where training runs keep checkpoints, metrics and loss curves (``ZARRFEED_MODELS``):
+    ``<root>/<task>/<run>/``."""
+
+    root: str = DEFAULT_MODELS
 
 
 class RawFolderResource(dg.ConfigurableResource):

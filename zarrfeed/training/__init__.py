@@ -1,6 +1,7 @@
-"""The training data path: cached Zarr Datasets and self-sizing DataLoaders (no Dagster)."""
+"""Training: cached Zarr Datasets, self-sizing DataLoaders and the trainer (no Dagster)."""
 
 from zarrfeed.training.cache import SharedArrayCache
+from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.datasets import (
     CTPatchDataset,
     ImagePatchDataset,
@@ -17,6 +18,7 @@ from zarrfeed.training.loader import (
     plan_loader,
     recommend,
 )
+from zarrfeed.training.trainer import Trainer, TrainResult, train
 
 __all__ = [
     "CTPatchDataset",
@@ -25,6 +27,9 @@ __all__ = [
     "SharedArrayCache",
     "SparsePointsDataset",
     "SpikeClipDataset",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
     "autotune",
     "collate_batch",
     "collate_points",
@@ -32,4 +37,5 @@ __all__ = [
     "measure",
     "plan_loader",
     "recommend",
+    "train",
 ]

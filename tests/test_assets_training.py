@@ -1,0 +1,79 @@
+"""Model assets in a real Dagster instance: run config is the trainer's config, metadata has
+what a person checks, and automation trains on a dataset update even with a missing scan."""
+
+import base64
+
+import dagster as dg
+import pytest
+
+from zarrfeed.assets import dataset_assets, model_assets
+from zarrfeed.definitions import RESOURCES
+from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
+from zarrfeed.training.config import TrainConfig
+
+
+@pytest.fixture
+def trained_env(built, tmp_path):
+    store, raw = built
+    resources = {
+        **RESOURCES,
+        "zarr_store": ZarrStoreResource(url=store.url),
+        "raw": RawFolderResource(root=str(raw)),
+        "models": ModelsResource(root=str(tmp_path / "models")),
+    }
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        yield resources, instance
+
+
+def quick(task: str, **train) -> dict:
+    return {task: {"config": {"dataloader": {"workers": "1"}, "train": {"steps": 4, **train}}}}
+
+
+@pytest.mark.slow
+def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path):
+    resources, instance = trained_env
+    assert dg.materialize(dataset_assets, resources=resources, instance=instance).success
+    ops = {
+        **quick("ct_classifier_model"),
+        **quick("sparse_autoencoder_model", width=4),
+        **quick("spike_deblur_model"),
+        **quick("defect_segmentation_model"),
+    }
+    result = dg.materialize(
+        model_assets, resources=resources, instance=instance, run_config={"ops": ops}
+    )
+    assert result.success
+    for asset in model_assets:
+        key = asset.key
+        meta = result.asset_materializations_for_node(key.path[0])[0].metadata
+        assert meta["steps"].value == 4 and meta["final_loss"].value > 0
+        assert 0 < meta["data_wait_share"].value < 1 and meta["samples_per_s"].value > 0
+        assert "eval_loss" in meta and "eval_loss_before" in meta
+        png = meta["loss_curve"].value.split("base64,")[1].rstrip(")")
+        assert base64.b64decode(png)[:4] == b"\x89PNG"
+        config = meta["config"].value
+        assert config["train"]["steps"] == 4 and config["task"] == key.path[0][: -len("_model")]
+        TrainConfig.model_validate(config)  # the recorded config reruns as it is
+        trained_on = meta["trained_on"].value
+        assert trained_on["partitions"] > 0 and len(trained_on["manifest_sha256"]) == 16
+        assert all(v for v in trained_on["data_versions"].values())  # the dataset's version
+        checkpoint = meta["dagster/uri"].value
+        assert checkpoint.startswith(str(tmp_path / "models")) and result.run_id in checkpoint
+    checks = result.get_asset_check_evaluations()
+    assert {c.check_name for c in checks} == {"loss_fell"} and len(checks) == 4
+
+
+def test_training_runs_on_a_dataset_update_despite_a_missing_partition(trained_env):
+    resources, instance = trained_env
+    defs = dg.Definitions(assets=[*dataset_assets, *model_assets], resources=resources)
+    model = dg.AssetKey("defect_segmentation_model")
+    first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+    # a new image set is discovered but not built yet: eager() would wait for it forever
+    instance.add_dynamic_partitions("image_sets", ["not_built_yet"])
+    image_dataset = next(a for a in dataset_assets if a.key.path == ["image_dataset"])
+    assert dg.materialize([image_dataset], resources=resources, instance=instance).success
+    after = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+    assert after.get_num_requested(model) == 1
+    others = [a.key for a in model_assets if a.key != model]
+    assert all(after.get_num_requested(k) == 0 for k in others)  # only its own family
