@@ -44,3 +44,8 @@ def test_loaders_benchmark_quick():
         "loader.vs_torchio",
         "loader.init_10k_partitions_s",
     } <= names
+
+
+@pytest.mark.slow
+def test_train_benchmark_quick():
+    assert {"train.data_wait_share", "train.data_wait_share_naive"} <= bench_names("train.py")

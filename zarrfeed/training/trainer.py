@@ -172,10 +172,16 @@ class TrainResult:
 class Trainer:
     """Runs ``config`` to ``config.train.steps`` optimiser steps, resuming when it can."""
 
-    def __init__(self, config: TrainConfig, log: Callable[[str], None] | None = print) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        log: Callable[[str], None] | None = print,
+        task: Task | None = None,
+    ) -> None:
+        """``task`` replaces the configured one (a custom dataset or model, a baseline)."""
         self.config, self.env = config, DistEnv.from_environ()
         self._log = log
-        self.task: Task = make_task(config)
+        self.task = task or make_task(config)
         self.device = resolve_device(config.train.device, self.env)
         self.amp_dtype, scaled = amp_policy(config.train.amp, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=scaled)
@@ -312,7 +318,8 @@ class Trainer:
         def batches() -> Iterator[Any]:
             while True:
                 sampler.set_epoch(state["epoch"], state["position"] * t.batch_size)
-                dataset.set_epoch(state["epoch"])
+                if hasattr(dataset, "set_epoch"):  # random crops/defects differ per epoch
+                    dataset.set_epoch(state["epoch"])
                 for batch in loader:
                     state["position"] += 1
                     yield batch

@@ -1,0 +1,146 @@
+"""Training benchmark: the share of step time spent waiting for data, zarrfeed's loader vs the
+naive one the seeds started from (per-sample NIfTI read + full-volume float64 preprocessing in
+``__getitem__``), on the CT classification task with the same model, batches and patches.
+
+    python benchmarks/train.py            # 4 sample scans, 40x96x96 at 5x3.6x3.6 mm, resampled
+    python benchmarks/train.py --quick    # fewer steps (CI smoke run)
+"""
+
+import argparse
+import tempfile
+import warnings
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import torch
+from _bench import bench
+from torch.utils.data import Dataset, default_collate
+
+from zarrfeed.assets import ct_assets, dataset_assets
+from zarrfeed.assets.partitions import ct_scans
+from zarrfeed.definitions import RESOURCES
+from zarrfeed.formats.discover import find_ct_scans, read_ct_rate_metadata, rescale_from_metadata
+from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.samples import make_ct_rate
+from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
+from zarrfeed.training.tasks import CTClassification
+from zarrfeed.transforms import ct
+
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
+SPACING = (1.5, 0.75, 0.75)  # CTSettings' default (CT-CLIP)
+
+
+class NaiveCTPatches(Dataset):
+    """What the seeds began with: every sample re-reads its NIfTI and preprocesses the whole
+    volume (float64, ``scipy.ndimage.zoom``) before cutting the patch out of it."""
+
+    def __init__(self, ours: CTPatchDataset, files: list[Path], rescale: list[tuple]) -> None:
+        self.items, self.origins, self.patch = ours.items, ours.origins, ours.patch_shape
+        self.labels, self.files, self.rescale = ours.labels, files, rescale
+        self.label_names, self.store, self.dataset = ours.label_names, ours.store, ours.dataset
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        import nibabel as nib
+        from scipy.ndimage import zoom
+
+        item = int(self.items[i])
+        img = nib.load(self.files[item])
+        vol = np.asarray(img.dataobj).astype(np.float64).transpose(2, 1, 0)
+        slope, intercept = self.rescale[item]
+        if vol.min() > -500:
+            vol = vol * slope + intercept
+        sx, sy, sz = img.header.get_zooms()[:3]
+        hu = np.clip(zoom(vol, [s / t for s, t in zip((sz, sy, sx), SPACING, strict=True)],
+                          order=1), -1024, 3071)  # fmt: skip
+        w = ct.get_window("lung")
+        win = np.clip((hu - w.lo) / (w.hi - w.lo), 0, 1)
+        (z, y, x), (d, h, ww) = (int(o) for o in self.origins[i]), self.patch
+        patch = win[z : z + d, y : y + h, x : x + ww].astype(np.float16)
+        return {"image": torch.from_numpy(patch)[None], "item": item,
+                "labels": torch.from_numpy(self.labels[item])}  # fmt: skip
+
+
+class NaiveTask(CTClassification):
+    """The CT task, model and loss unchanged; only the dataset is the naive one."""
+
+    def __init__(self, config: TrainConfig, raw: Path) -> None:
+        super().__init__(config)
+        self.raw = raw
+
+    def dataset(self) -> Dataset:
+        ours = super().dataset()
+        found, meta = find_ct_scans(self.raw), read_ct_rate_metadata(self.raw)
+        files = [found[k] for k in ours.keys]
+        rescale = [rescale_from_metadata(meta.get(k)) for k in ours.keys]
+        return NaiveCTPatches(ours, files, rescale)
+
+    def collate(self, dataset: Dataset):
+        return default_collate
+
+
+def build_store(work: Path, scans: int) -> tuple[Path, Path]:
+    raw, store = work / "raw", work / "store.zarr"
+    list(make_ct_rate(raw / "ct-rate", scans, "small", np.random.default_rng(0)))
+    resources = {
+        **RESOURCES,
+        "zarr_store": ZarrStoreResource(url=str(store)),
+        "raw": RawFolderResource(root=str(raw)),
+        "ct_settings": CTSettings(windows=["lung"]),
+    }
+    keys = sorted(find_ct_scans(raw))
+    (work / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
+        instance.add_dynamic_partitions(ct_scans.name, keys)
+        for key in keys:
+            assert dg.materialize(ct_assets, partition_key=key, resources=resources,
+                                  instance=instance).success  # fmt: skip
+        ct_dataset = [a for a in dataset_assets if a.key.path == ["ct_dataset"]]
+        assert dg.materialize(ct_dataset, resources=resources, instance=instance).success
+    return raw, store
+
+
+def steady(history: dict, skip: int) -> tuple[float, float, float]:
+    """(data-wait share, seconds per step, samples/s) after ``skip`` warm-up steps."""
+    wait, step = sum(history["data_time"][skip:]), sum(history["step_time"][skip:])
+    n = len(history["loss"]) - skip
+    return wait / (wait + step), (wait + step) / n, sum(history["samples"][skip:]) / (wait + step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
+    args = parser.parse_args()
+    steps, naive_steps, skip = (8, 4, 2) if args.quick else (60, 12, 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        raw, store = build_store(work, 4)
+        base = {"task": "ct_classifier", "store": str(store), "resume": False,
+                "dataloader": {"workers": "2"}, "data": {"eval_batches": 1},
+                "train": {"batch_size": 4, "log_every": 1000, "amp": "off"}}  # fmt: skip
+        results = {}
+        for name, n in (("zarrfeed", steps), ("naive", naive_steps)):
+            cfg = TrainConfig.model_validate({**base, "out": str(work / name)})
+            cfg.train.steps = n
+            task = NaiveTask(cfg, raw) if name == "naive" else None
+            results[name] = steady(Trainer(cfg, log=None, task=task).fit().history, skip)
+    (share, per_step, rate), (nshare, nper_step, nrate) = results["zarrfeed"], results["naive"]
+    setting = "CT classifier, 4x1x64^3 fp32 batches, 2 workers, 2 CPU cores, after warm-up"
+    bench("train.data_wait_share", share, "share", f"zarrfeed cached loader; {setting}")
+    bench("train.data_wait_share_naive", nshare, "share",
+          f"per-sample NIfTI read + float64 zoom in __getitem__; {setting}")  # fmt: skip
+    bench(
+        "train.step_time_vs_naive",
+        nper_step / per_step,
+        "x",
+        f"zarrfeed={per_step:.3f}s naive={nper_step:.3f}s per step (data wait + compute)",
+    )
+    bench("train.samples_per_s", rate, "samples/s", f"zarrfeed; naive {nrate:.1f}/s")
+
+
+if __name__ == "__main__":
+    main()
