@@ -140,8 +140,13 @@ class StoreDataset(Dataset):
             for job in jobs:
                 self.array(*job)
             return
-        with mp.get_context("fork").Pool(count) as pool:
-            pool.starmap(_fill, [(self, i, n) for i, n in jobs], chunksize=1)
+        global _PRELOADING
+        _PRELOADING = self  # inherited by the forked children: nothing is pickled per job
+        try:
+            with mp.get_context("fork").Pool(count) as pool:
+                pool.starmap(_fill, jobs, chunksize=1)
+        finally:
+            _PRELOADING = None
 
     def guarded(self, index: int, fn: Callable[[], dict]) -> dict:
         """Run ``fn``, naming the partition being read when it fails (in a worker too)."""
@@ -153,8 +158,12 @@ class StoreDataset(Dataset):
             ) from exc
 
 
-def _fill(dataset: StoreDataset, item: int, name: str) -> None:
-    dataset.array(item, name)
+_PRELOADING: StoreDataset | None = None
+
+
+def _fill(item: int, name: str) -> None:
+    assert _PRELOADING is not None
+    _PRELOADING.array(item, name)
 
 
 class CTPatchDataset(StoreDataset):
