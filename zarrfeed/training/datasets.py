@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.formats import read_dat
@@ -129,24 +129,22 @@ class StoreDataset(Dataset):
     def preload(self, processes: int | None = None) -> None:
         """Decode every cached array into the shared cache (seed 000's auto-preload).
 
-        Decoding runs in forked processes, one per usable CPU: zarr-python decodes a volume
+        Decoding runs in child processes, one per usable CPU: zarr-python decodes a volume
         on one core at about 0.5 GB/s, and threads contend on its event loop (measured 1.2 s
-        with 1 thread, 1.6 s with 2 for four 110 MB volumes).  The cache is shared, so what
-        the children decode is what every worker then maps.
+        with 1 thread, 1.6 s with 2 for four 110 MB volumes).  The children come from the
+        forkserver, not a plain fork: this process may hold threads (zarr's I/O loop, Dagster's,
+        torch's) whose locks a forked child would inherit locked — a child hung that way in
+        CI.  The cache is shared, so what the children decode is what every worker then maps.
         """
         jobs = [(i, n) for i in range(len(self.keys)) for n in self.cached_names()]
         count = min(len(jobs), processes or len(os.sched_getaffinity(0)))
-        if count <= 1 or "fork" not in mp.get_all_start_methods():
+        if count <= 1 or "forkserver" not in mp.get_all_start_methods():
             for job in jobs:
                 self.array(*job)
             return
-        global _PRELOADING
-        _PRELOADING = self  # inherited by the forked children: nothing is pickled per job
-        try:
-            with mp.get_context("fork").Pool(count) as pool:
-                pool.starmap(_fill, jobs, chunksize=1)
-        finally:
-            _PRELOADING = None
+        ctx = mp.get_context("forkserver")
+        with ctx.Pool(count, initializer=_adopt, initargs=(self,)) as pool:
+            pool.starmap(_fill, jobs, chunksize=1)
 
     def guarded(self, index: int, fn: Callable[[], dict]) -> dict:
         """Run ``fn``, naming the partition being read when it fails (in a worker too)."""
@@ -159,6 +157,12 @@ class StoreDataset(Dataset):
 
 
 _PRELOADING: StoreDataset | None = None
+
+
+def _adopt(dataset: StoreDataset) -> None:
+    """Pool initializer: the dataset travels once per child, not once per job."""
+    global _PRELOADING
+    _PRELOADING = dataset
 
 
 def _fill(item: int, name: str) -> None:
@@ -250,7 +254,8 @@ class CTPatchDataset(StoreDataset):
             image = torch.empty(
                 (len(idx), 1, *self.patch_shape), dtype=_TORCH_DTYPES[first.dtype.str[1:]]
             )
-            image.share_memory_()
+            if get_worker_info() is not None:  # built straight into what is sent to the main
+                image.share_memory_()  # process; in the main process itself, plain memory
             out = image.numpy()
             d, h, w = self.patch_shape
             for row, (i, item) in enumerate(zip(idx, items, strict=True)):
