@@ -196,12 +196,14 @@ class Trainer:
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def _setup_distributed(self) -> None:
-        if self.env.world > 1 and not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group(backend)
+    def _setup_distributed(self) -> bool:
+        """Join the ``torchrun`` job; True when this call created the process group."""
+        if self.env.world == 1 or dist.is_initialized():
+            return False
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        return True
 
     def _loader(self, dataset: Dataset, sampler: ResumableSampler) -> tuple[Any, LoaderPlan]:
         c = self.config
@@ -271,7 +273,7 @@ class Trainer:
             return None
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if saved["config"]["task"] != self.config.task:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} is a {saved['config']['task']} checkpoint, not {self.config.task}"
             )
         model.load_state_dict(saved["model"])
@@ -283,8 +285,15 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
+        owned = self._setup_distributed()
+        try:
+            return self._fit()
+        finally:
+            if owned:
+                dist.destroy_process_group()
+
+    def _fit(self) -> TrainResult:
         c, t = self.config, self.config.train
-        self._setup_distributed()
         torch.manual_seed(c.seed)
         dataset = self.task.dataset()
         if len(dataset) < t.batch_size * self.env.world:
