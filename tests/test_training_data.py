@@ -92,6 +92,20 @@ def test_workers_read_identically_under_every_start_method(built, context, tmp_p
     assert stats["entries"] <= len(CT_KEYS)  # one copy per volume for all processes
 
 
+@pytest.mark.parametrize("processes", [None, 2])  # in process (small), forkserver children
+def test_preload_fills_the_shared_cache_once(built, tmp_path, processes):
+    store, _ = built
+    ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
+    ds.cache = SharedArrayCache(f"preload-{processes}", 1 << 28, root=tmp_path)
+    ds[0]  # the parent has read the store (zarr's I/O thread is running)
+    ds.preload(processes=processes)
+    stats = ds.cache.stats()
+    assert stats["entries"] == len(CT_KEYS) and stats["bytes_held"] >= ds.nbytes()
+    volume = store.open_array("ct/windows", CT_KEYS[1], "lung")[...]
+    np.testing.assert_array_equal(ds.array(1, "lung"), volume)
+    assert ds.cache.stats()["hits"] > stats["hits"]  # served from the cache
+
+
 def test_sparse_points_sampling_and_collate(built):
     store, _ = built
     ds = SparsePointsDataset(store, window="bone", min_points=4, max_points=50)

@@ -27,6 +27,7 @@ from zarrfeed.transforms.defects import random_defects, render_defects
 from zarrfeed.transforms.sparse import sample_points
 
 GB = 1 << 30
+PRELOAD_IN_PROCESS_BYTES = GB  # ~2 s of single-core decoding: what starting children costs
 
 
 _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
@@ -138,7 +139,11 @@ class StoreDataset(Dataset):
         """
         jobs = [(i, n) for i in range(len(self.keys)) for n in self.cached_names()]
         count = min(len(jobs), processes or len(os.sched_getaffinity(0)))
-        if count <= 1 or "forkserver" not in mp.get_all_start_methods():
+        # A forkserver child re-imports the parent's __main__ (torch, usually): measured
+        # 0.5 s per pool without torch there and 2.2 s with it.  Below about a GiB one core
+        # decodes faster than children start.
+        small = processes is None and self.nbytes() < PRELOAD_IN_PROCESS_BYTES
+        if small or count <= 1 or "forkserver" not in mp.get_all_start_methods():
             for job in jobs:
                 self.array(*job)
             return
