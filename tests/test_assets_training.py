@@ -33,15 +33,19 @@ def quick(task: str, **train) -> dict:
 @pytest.mark.slow
 def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path):
     resources, instance = trained_env
-    assert dg.materialize(dataset_assets, resources=resources, instance=instance).success
     ops = {
         **quick("ct_classifier_model"),
         **quick("sparse_autoencoder_model", width=4),
         **quick("spike_deblur_model"),
         **quick("defect_segmentation_model"),
     }
+    # One run, manifests first: a second in-process materialize in this process can meet a
+    # dead instance weakref that Dagster keeps in a context variable (seen once in CI).
     result = dg.materialize(
-        model_assets, resources=resources, instance=instance, run_config={"ops": ops}
+        [*dataset_assets, *model_assets],
+        resources=resources,
+        instance=instance,
+        run_config={"ops": ops},
     )
     assert result.success
     for asset in model_assets:
@@ -60,8 +64,8 @@ def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path)
         assert all(v for v in trained_on["data_versions"].values())  # the dataset's version
         checkpoint = meta["dagster/uri"].value
         assert checkpoint.startswith(str(tmp_path / "models")) and result.run_id in checkpoint
-    checks = result.get_asset_check_evaluations()
-    assert {c.check_name for c in checks} == {"loss_fell"} and len(checks) == 4
+    checks = [c for c in result.get_asset_check_evaluations() if c.check_name == "loss_fell"]
+    assert len(checks) == 4
 
 
 def test_training_runs_on_a_dataset_update_despite_a_missing_partition(trained_env):
