@@ -7,6 +7,7 @@ naive one the seeds started from (per-sample NIfTI read + full-volume float64 pr
 """
 
 import argparse
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -118,6 +119,7 @@ def main() -> None:
     steps, naive_steps, skip = (8, 4, 2) if args.quick else (60, 12, 3)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
         raw, store = build_store(work, 4)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
                 "dataloader": {"workers": "2"}, "data": {"eval_batches": 1},
