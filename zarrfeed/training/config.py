@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from zarrfeed.errors import ConfigError
 
 Task = Literal["ct_classifier", "sparse_autoencoder", "spike_deblur", "defect_segmentation"]
-TASKS: tuple[str, ...] = Task.__args__
 
 
 class Section(BaseModel):

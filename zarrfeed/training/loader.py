@@ -227,7 +227,7 @@ def measure(loader: DataLoader, batches: int) -> LoaderReport:
             it = iter(loader)
             batch = next(it)
         times.append(time.perf_counter() - t)
-        samples += _batch_len(batch)
+        samples += batch_len(batch)
     total = sum(times)
     return LoaderReport(
         samples / total if total else 0.0,
@@ -249,7 +249,8 @@ def sample_bytes(sample: Any) -> int:
     return 0
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """Samples in a collated batch (every zarrfeed batch carries ``item``)."""
     if isinstance(batch, dict):
         value = batch.get("item", next(iter(batch.values())))
         return len(value)

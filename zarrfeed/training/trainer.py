@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, Sampler
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.loader import LoaderPlan, make_loader
+from zarrfeed.training.loader import LoaderPlan, batch_len, make_loader
 from zarrfeed.training.report import loss_curve_png
 from zarrfeed.training.tasks import Task, make_task
 
@@ -355,7 +355,7 @@ class Trainer:
                     loss, _ = self.task.loss(net, batch)
                 self.scaler.scale(loss / t.accumulate).backward()
                 losses.append(loss.detach())
-                samples += _batch_size(batch)
+                samples += batch_len(batch)
                 data_time += t1 - t0
                 compute += time.perf_counter() - t1
             t2 = time.perf_counter()
@@ -435,14 +435,6 @@ class Trainer:
             json.dumps({**result.summary(), "history": result.history}, indent=1)
         )
         (run / "loss.png").write_bytes(loss_curve_png(result.history["loss"], title=result.task))
-
-
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, dict):
-        if "counts" in batch:
-            return len(batch["counts"])
-        return len(next(v for v in batch.values() if isinstance(v, torch.Tensor)))
-    return len(batch)
 
 
 def train(config: TrainConfig, log: Callable[[str], None] | None = print) -> TrainResult:
