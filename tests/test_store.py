@@ -5,9 +5,11 @@ import sys
 
 import numpy as np
 import pytest
+import zarr
 
 from zarrfeed.errors import InvalidKeyError, StoreError
-from zarrfeed.store import ZarrStore, chunks_for, provenance, sanitise_key
+from zarrfeed.store import ZarrStore, chunks_for, compressors_for, provenance, sanitise_key
+from zarrfeed.store.decode import _direct_layout, read_array, read_into
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -144,3 +146,38 @@ def test_commit_record_is_json_with_stored_bytes(store):
     json.dumps(record)
     assert record["arrays"]["lung"]["codec"]["configuration"]["cname"] == "lz4"
     assert record["stored_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "chunks", "shards"),
+    [
+        ((70, 130, 65), "float16", (64, 64, 64), None),  # partial edge chunks on every axis
+        ((5, 40, 48), "uint8", (1, 40, 48), None),  # whole frames: decoded in place
+        ((300, 3), "uint16", (128, 3), None),  # row blocks with a short last one
+        ((64, 64, 64), "int16", (16, 16, 16), (32, 64, 64)),  # sharded: zarr's own reader
+    ],
+)
+def test_read_into_equals_zarr(tmp_path, shape, dtype, chunks, shards):
+    rng = np.random.default_rng(0)
+    data = (rng.random(shape) * 100).astype(dtype)
+    data[: chunks[0]] = 0  # all-fill chunks: zarr does not write them
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=shape, dtype=dtype, chunks=chunks, shards=shards,
+        compressors=compressors_for(dtype), fill_value=0,
+    )  # fmt: skip
+    arr[...] = data
+    arr = zarr.open_array(tmp_path / "a.zarr", mode="r")
+    assert (_direct_layout(arr) is None) == (shards is not None)  # which reader ran
+    for threads in (1, 3):
+        np.testing.assert_array_equal(read_array(arr, threads=threads), data)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        read_into(arr, np.empty(shape, dtype).T)
+
+
+def test_read_into_names_a_corrupt_chunk(tmp_path):
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=(8, 8), dtype="int16", chunks=(4, 8),
+                            compressors=compressors_for("int16"))  # fmt: skip
+    arr[...] = np.arange(64, dtype="int16").reshape(8, 8)
+    (tmp_path / "a.zarr" / "c" / "1" / "0").write_bytes(b"not blosc at all, truncated")
+    with pytest.raises(StoreError, match=r"a\.zarr/c/1/0: chunk does not decode"):
+        read_array(zarr.open_array(tmp_path / "a.zarr", mode="r"))
