@@ -14,6 +14,7 @@ from zarrfeed.errors import StoreError
 from zarrfeed.formats.discover import read_ct_rate_labels
 from zarrfeed.training import (
     CTPatchDataset,
+    Fill,
     ImagePatchDataset,
     SharedArrayCache,
     SparsePointsDataset,
@@ -72,6 +73,33 @@ def test_cache_is_shared_lru_and_byte_budgeted(tmp_path):
     assert cache.stats()["hits"] == 2
 
 
+def test_fill_decodes_in_place_within_budget_and_leaves_nothing_on_failure(tmp_path):
+    entry = 8000 + 128
+    cache = SharedArrayCache(f"fill-{tmp_path}", budget_bytes=2 * entry, root=tmp_path)
+
+    def fill(value: float, fail: bool = False) -> Fill:
+        def into(out: np.ndarray) -> None:
+            out[:500] = value
+            if fail:
+                raise OSError("disk went away")
+            out[500:] = value
+
+        return Fill((1000,), np.dtype("f8"), into)
+
+    for i, k in enumerate("abc"):
+        got = cache.get(k, fill(i))
+        assert not got.flags.writeable and (got == i).all()
+    assert cache.stats()["entries"] == 2 and cache.stats()["evictions"] == 1
+    np.testing.assert_array_equal(np.load(cache._path("c")), np.full(1000, 2.0))
+    with pytest.raises(OSError, match="went away"):
+        cache.get("d", fill(3, fail=True))
+    left = [p for p in cache.folder.iterdir() if p.name[0] != "."]
+    assert {p.suffix for p in left} == {".npy"} and not cache._path("d").exists()
+    big = cache.get("e", Fill((3000,), np.dtype("f8"), lambda out: out.fill(7)))
+    assert big.flags.writeable and (big == 7).all()  # over the budget: served uncached
+    assert cache.stats()["entries"] == len(left)
+
+
 def _read_cached(cache, key):
     return float(cache.get(key, lambda: pytest.fail("should be cached"))[0])
 
@@ -92,13 +120,12 @@ def test_workers_read_identically_under_every_start_method(built, context, tmp_p
     assert stats["entries"] <= len(CT_KEYS)  # one copy per volume for all processes
 
 
-@pytest.mark.parametrize("processes", [None, 2])  # in process (small), forkserver children
-def test_preload_fills_the_shared_cache_once(built, tmp_path, processes):
+def test_preload_fills_the_shared_cache_once(built, tmp_path):
     store, _ = built
     ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
-    ds.cache = SharedArrayCache(f"preload-{processes}", 1 << 28, root=tmp_path)
+    ds.cache = SharedArrayCache("preload", 1 << 28, root=tmp_path)
     ds[0]  # the parent has read the store (zarr's I/O thread is running)
-    ds.preload(processes=processes)
+    ds.preload()
     stats = ds.cache.stats()
     assert stats["entries"] == len(CT_KEYS) and stats["bytes_held"] >= ds.nbytes()
     volume = store.open_array("ct/windows", CT_KEYS[1], "lung")[...]

@@ -1,6 +1,6 @@
 """Training: cached Zarr Datasets, self-sizing DataLoaders and the trainer (no Dagster)."""
 
-from zarrfeed.training.cache import SharedArrayCache
+from zarrfeed.training.cache import Fill, SharedArrayCache
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.datasets import (
     CTPatchDataset,
@@ -22,6 +22,7 @@ from zarrfeed.training.trainer import Trainer, TrainResult, train
 
 __all__ = [
     "CTPatchDataset",
+    "Fill",
     "ImagePatchDataset",
     "LoaderPlan",
     "SharedArrayCache",

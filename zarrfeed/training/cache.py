@@ -7,8 +7,9 @@ machine — share one copy instead of one each (MONAI's cache is copied per work
 budget, least-recently-used eviction and statistics:
 
 * a hit maps the file once per process and touches its mtime (the LRU clock): one syscall;
-* a miss decodes the array, writes it under a temporary name and renames it into place while
-  holding an ``flock`` on the folder, evicting the oldest entries first to stay in budget;
+* a miss evicts the oldest entries to make room (holding an ``flock`` on the folder), decodes
+  the array under a temporary name and renames it into place; a :class:`Fill` decodes straight
+  into the mapped file (no second copy, pages mapped up front);
   a concurrent miss of the same key waits for the first writer instead of decoding twice;
 * an evicted entry that a process still maps stays valid for that process (POSIX unlink).
 """
@@ -18,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import mmap
 import os
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,20 @@ def shm_root() -> Path:
     if root := os.environ.get("ZARRFEED_CACHE_ROOT"):
         return Path(root)
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+@dataclass(frozen=True)
+class Fill:
+    """An entry decoded in place: its shape and dtype, known before decoding, and a function
+    that writes the array into the buffer it is given."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    into: Callable[[np.ndarray], object]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
 class SharedArrayCache:
@@ -116,7 +133,11 @@ class SharedArrayCache:
         return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy"
 
     def get(
-        self, key: str, load: Callable[[], np.ndarray], wait_s: float = 600.0, wait: bool = True
+        self,
+        key: str,
+        load: Callable[[], np.ndarray] | Fill,
+        wait_s: float = 600.0,
+        wait: bool = True,
     ) -> np.ndarray | None:
         """The cached array for ``key`` (read-only), decoding it with ``load`` on a miss.
 
@@ -129,7 +150,7 @@ class SharedArrayCache:
         try:
             os.utime(path)  # LRU clock; raises if the entry was evicted
             if arr is None:
-                arr = self._mapped[key] = np.load(path, mmap_mode="r")
+                arr = self._mapped[key] = _map_npy(path)
             self._count(HITS)
             return arr
         except FileNotFoundError:
@@ -137,7 +158,7 @@ class SharedArrayCache:
         return self._miss(key, path, load, wait_s, wait)
 
     def _miss(
-        self, key: str, path: Path, load: Callable[[], np.ndarray], wait_s: float, wait: bool
+        self, key: str, path: Path, load: Callable[[], np.ndarray] | Fill, wait_s: float, wait: bool
     ) -> np.ndarray | None:
         filling = path.with_suffix(".filling")
         try:
@@ -157,6 +178,8 @@ class SharedArrayCache:
             return self.get(key, load, wait_s)
         os.close(fd)
         try:
+            if isinstance(load, Fill):
+                return self._fill(key, path, load)
             data = np.ascontiguousarray(load())
             self._count(MISSES)
             self._count(BYTES_READ, data.nbytes)
@@ -168,11 +191,41 @@ class SharedArrayCache:
                 with open(tmp, "wb") as f:  # np.save would append ".npy" to a bare path
                     np.save(f, data)
                 os.replace(tmp, path)
-            arr = self._mapped[key] = np.load(path, mmap_mode="r")
+            arr = self._mapped[key] = _map_npy(path)
             return arr
         finally:
             with contextlib.suppress(FileNotFoundError):
                 filling.unlink()
+
+    def _fill(self, key: str, path: Path, fill: Fill) -> np.ndarray:
+        self._count(MISSES)
+        self._count(BYTES_READ, fill.nbytes)
+        if fill.nbytes > self.budget_bytes:
+            out = np.empty(fill.shape, fill.dtype)
+            fill.into(out)
+            return out  # larger than the whole budget: serve it uncached
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        with self._locked():
+            self._evict(self.budget_bytes - fill.nbytes)
+            with open(tmp, "wb") as f:  # the .npy header, then the data's size (sparse)
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype(fill.dtype)),
+                    "fortran_order": False,
+                    "shape": tuple(fill.shape),
+                }
+                np.lib.format.write_array_header_1_0(f, header)
+                f.truncate(f.tell() + fill.nbytes)
+        try:
+            arr = _map_npy(tmp, writable=True)
+            fill.into(arr)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        arr.flags.writeable = False  # this mapping stays: its pages are already mapped
+        self._mapped[key] = arr
+        return arr
 
     def _entries(self) -> Iterator[tuple[Path, int, float]]:
         for entry in os.scandir(self.folder):
@@ -210,6 +263,23 @@ class SharedArrayCache:
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
         self._reset_local()
+
+
+def _map_npy(path: Path, writable: bool = False) -> np.ndarray:
+    """A ``.npy`` file mapped whole with its pages mapped up front (``MAP_POPULATE``): one
+    call instead of a page fault per 4 KiB on first touch (~2 µs each, 50 ms per 110 MB)."""
+    with open(path, "r+b" if writable else "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }[version]
+        shape, fortran, dtype = read_header(f)
+        offset = f.tell()
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(f.fileno(), 0, flags=flags, prot=prot)
+    return np.ndarray(shape, dtype, buffer=mapped, offset=offset, order="F" if fortran else "C")
 
 
 def _alive(pid: int) -> bool:

@@ -8,7 +8,6 @@ spawned workers and survive fork after the parent has read the store.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,13 +20,13 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from zarrfeed.errors import StoreError
 from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
-from zarrfeed.training.cache import SharedArrayCache
+from zarrfeed.store.decode import read_array, read_into
+from zarrfeed.training.cache import Fill, SharedArrayCache
 from zarrfeed.transforms import spike as sp
 from zarrfeed.transforms.defects import random_defects, render_defects
 from zarrfeed.transforms.sparse import sample_points
 
 GB = 1 << 30
-PRELOAD_IN_PROCESS_BYTES = GB  # ~2 s of single-core decoding: what starting children costs
 
 
 _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
@@ -90,14 +89,13 @@ class StoreDataset(Dataset):
 
     def array(self, item: int, name: str) -> np.ndarray:
         """The decoded array ``name`` of partition ``item``, from the shared cache."""
-        key = self.keys[item]
-        return self.cache.get(f"{key}/{name}", lambda: self._read(key, item, name))
+        return self.cache.get(f"{self.keys[item]}/{name}", self._fill(item, name))
 
     def region(self, item: int, name: str, index: tuple[slice, ...]) -> np.ndarray:
         """``array(item, name)[index]``; while another process is decoding that array into
         the cache, only the region is read from the store instead of waiting for it."""
         key = self.keys[item]
-        full = self.cache.get(f"{key}/{name}", lambda: self._read(key, item, name), wait=False)
+        full = self.cache.get(f"{key}/{name}", self._fill(item, name), wait=False)
         if full is not None:
             return full[index]
         handles = self.__dict__.setdefault("_handles", {})
@@ -105,15 +103,22 @@ class StoreDataset(Dataset):
             handles[key, name] = self.store.open_array(self.asset, key, name)
         return handles[key, name][index]
 
-    def _read(self, key: str, item: int, name: str) -> np.ndarray:
-        data = self.store.open_array(self.asset, key, name)[...]
-        want = self.partitions[item]["arrays"][name]
-        if list(data.shape) != want["shape"] or str(data.dtype) != want["dtype"]:
-            raise StoreError(
-                f"partition {self.asset}/{key} array {name!r} is {data.dtype} {data.shape}; "
-                f"the manifest says {want['dtype']} {tuple(want['shape'])}: rebuild the manifest"
-            )
-        return data
+    def _fill(self, item: int, name: str) -> Fill:
+        """How to decode ``name`` of partition ``item`` straight into a cache entry, after
+        checking the stored array against the manifest the index was built from."""
+        key, want = self.keys[item], self.partitions[item]["arrays"][name]
+
+        def into(out: np.ndarray) -> np.ndarray:
+            data = self.store.open_array(self.asset, key, name)
+            if list(data.shape) != want["shape"] or str(data.dtype) != want["dtype"]:
+                raise StoreError(
+                    f"partition {self.asset}/{key} array {name!r} is {data.dtype} {data.shape}; "
+                    f"the manifest says {want['dtype']} {tuple(want['shape'])}: "
+                    "rebuild the manifest"
+                )
+            return read_into(data, out)
+
+        return Fill(tuple(want["shape"]), np.dtype(want["dtype"]), into)
 
     def cached_names(self) -> list[str]:
         return sorted(self.partitions[0]["arrays"])
@@ -127,29 +132,18 @@ class StoreDataset(Dataset):
             if n in self.cached_names()
         )
 
-    def preload(self, processes: int | None = None) -> None:
+    def preload(self) -> None:
         """Decode every cached array into the shared cache (seed 000's auto-preload).
 
-        Decoding runs in child processes, one per usable CPU: zarr-python decodes a volume
-        on one core at about 0.5 GB/s, and threads contend on its event loop (measured 1.2 s
-        with 1 thread, 1.6 s with 2 for four 110 MB volumes).  The children come from the
-        forkserver, not a plain fork: this process may hold threads (zarr's I/O loop, Dagster's,
-        torch's) whose locks a forked child would inherit locked — a child hung that way in
-        CI.  The cache is shared, so what the children decode is what every worker then maps.
+        In this process: :func:`~zarrfeed.store.decode.read_into` decodes each array's chunks
+        on every usable core straight into its cache file, faster than child processes start
+        (a forkserver child re-imports ``__main__``, torch usually: 2.2 s; a plain fork can
+        inherit a lock held by one of zarr's, Dagster's or torch's threads — one hung in CI).
+        The cache is shared, so what is decoded here is what every worker then maps.
         """
-        jobs = [(i, n) for i in range(len(self.keys)) for n in self.cached_names()]
-        count = min(len(jobs), processes or len(os.sched_getaffinity(0)))
-        # A forkserver child re-imports the parent's __main__ (torch, usually): measured
-        # 0.5 s per pool without torch there and 2.2 s with it.  Below about a GiB one core
-        # decodes faster than children start.
-        small = processes is None and self.nbytes() < PRELOAD_IN_PROCESS_BYTES
-        if small or count <= 1 or "forkserver" not in mp.get_all_start_methods():
-            for job in jobs:
-                self.array(*job)
-            return
-        ctx = mp.get_context("forkserver")
-        with ctx.Pool(count, initializer=_adopt, initargs=(self,)) as pool:
-            pool.starmap(_fill, jobs, chunksize=1)
+        for item in range(len(self.keys)):
+            for name in self.cached_names():
+                self.array(item, name)
 
     def guarded(self, index: int, fn: Callable[[], dict]) -> dict:
         """Run ``fn``, naming the partition being read when it fails (in a worker too)."""
@@ -159,20 +153,6 @@ class StoreDataset(Dataset):
             raise RuntimeError(
                 f"{type(self).__name__}[{index}] failed reading {self.asset} of {self.url}: {exc}"
             ) from exc
-
-
-_PRELOADING: StoreDataset | None = None
-
-
-def _adopt(dataset: StoreDataset) -> None:
-    """Pool initializer: the dataset travels once per child, not once per job."""
-    global _PRELOADING
-    _PRELOADING = dataset
-
-
-def _fill(item: int, name: str) -> None:
-    assert _PRELOADING is not None
-    _PRELOADING.array(item, name)
 
 
 class CTPatchDataset(StoreDataset):
@@ -371,7 +351,8 @@ class SpikeClipDataset(StoreDataset):
         if self.voxel_mode == "stored":
             key = self.keys[item]
             full = self.cache.get(
-                f"{key}/voxels", lambda: self.store.open_array("spike/voxels", key, "voxels")[...]
+                f"{key}/voxels",
+                lambda: read_array(self.store.open_array("spike/voxels", key, "voxels")),
             )
             return full[start : start + self.clip_len]
         attrs = self.sources[item]
