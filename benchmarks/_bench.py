@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,3 +24,37 @@ def bench(name: str, value: float, unit: str, text: str = "") -> None:
 
 def ratio(name: str, ours: float, baseline: float, text: str = "") -> None:
     bench(name, baseline / ours, "x", f"zarrfeed={ours:.4g}s baseline={baseline:.4g}s {text}")
+
+
+class GpuUtilisation:
+    """Mean GPU utilisation (NVML: share of time a kernel was running) sampled every
+    ``every`` seconds while the block runs; ``mean`` stays None where NVML is missing."""
+
+    def __init__(self, index: int = 0, every: float = 0.05) -> None:
+        self.index, self.every, self.mean = index, every, None
+        self._samples: list[int] = []
+        self._stop = threading.Event()
+
+    def __enter__(self) -> GpuUtilisation:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:  # no NVML (CPU machines): nothing to sample
+            self._thread = None
+            return self
+        self._thread = threading.Thread(target=self._run, args=(pynvml,), daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, pynvml) -> None:
+        while not self._stop.wait(self.every):
+            self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            if self._samples:
+                self.mean = sum(self._samples) / len(self._samples) / 100
