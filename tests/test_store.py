@@ -9,7 +9,7 @@ import zarr
 
 from zarrfeed.errors import InvalidKeyError, StoreError
 from zarrfeed.store import ZarrStore, chunks_for, compressors_for, provenance, sanitise_key
-from zarrfeed.store.decode import _direct_layout, read_array, read_into
+from zarrfeed.store.chunkio import _direct_layout, read_array, read_into, write_from
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -157,21 +157,32 @@ def test_commit_record_is_json_with_stored_bytes(store):
         ((64, 64, 64), "int16", (16, 16, 16), (32, 64, 64)),  # sharded: zarr's own reader
     ],
 )
-def test_read_into_equals_zarr(tmp_path, shape, dtype, chunks, shards):
+def test_chunk_io_equals_zarr(tmp_path, shape, dtype, chunks, shards):
     rng = np.random.default_rng(0)
     data = (rng.random(shape) * 100).astype(dtype)
     data[: chunks[0]] = 0  # all-fill chunks: zarr does not write them
-    arr = zarr.create_array(
-        tmp_path / "a.zarr", shape=shape, dtype=dtype, chunks=chunks, shards=shards,
-        compressors=compressors_for(dtype), fill_value=0,
-    )  # fmt: skip
-    arr[...] = data
-    arr = zarr.open_array(tmp_path / "a.zarr", mode="r")
+
+    def create(name: str) -> zarr.Array:
+        return zarr.create_array(
+            tmp_path / name, shape=shape, dtype=dtype, chunks=chunks, shards=shards,
+            compressors=compressors_for(dtype), fill_value=0,
+        )  # fmt: skip
+
+    create("zarr.zarr")[...] = data
+    write_from(create("ours.zarr"), data, threads=3)
+    files = {}
+    for name in ("zarr.zarr", "ours.zarr"):
+        files[name] = sorted(p.relative_to(tmp_path / name) for p in (tmp_path / name).rglob("*"))
+        np.testing.assert_array_equal(zarr.open_array(tmp_path / name, mode="r")[...], data)
+    assert files["ours.zarr"] == files["zarr.zarr"]  # same chunks written, same fills skipped
+    arr = zarr.open_array(tmp_path / "zarr.zarr", mode="r")
     assert (_direct_layout(arr) is None) == (shards is not None)  # which reader ran
     for threads in (1, 3):
         np.testing.assert_array_equal(read_array(arr, threads=threads), data)
     with pytest.raises(ValueError, match="C-contiguous"):
         read_into(arr, np.empty(shape, dtype).T)
+    with pytest.raises(ValueError, match="write_from: expected"):
+        write_from(arr, data.astype("float64"))
 
 
 def test_read_into_names_a_corrupt_chunk(tmp_path):

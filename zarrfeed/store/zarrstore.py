@@ -35,6 +35,7 @@ from zarr.storage import FsspecStore, LocalStore
 
 import zarrfeed
 from zarrfeed.errors import StoreError
+from zarrfeed.store.chunkio import read_array, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
 from zarrfeed.store.keys import check_asset, check_key
 
@@ -78,10 +79,10 @@ class PartitionWriter:
         return arr
 
     def write(self, name: str, data: np.ndarray, **kwargs: Any) -> zarr.Array:
-        """Create array ``name`` and write ``data`` into it."""
+        """Create array ``name`` and write ``data`` into it (chunks coded in threads)."""
         data = np.asarray(data)
         arr = self.create(name, data.shape, data.dtype, **kwargs)
-        arr[...] = data
+        write_from(arr, data)
         return arr
 
     def summary(self) -> dict[str, dict[str, Any]]:
@@ -271,6 +272,10 @@ class ZarrStore:
         if not self.has_partition(asset, key):
             raise StoreError(f"no committed partition {key!r} of {asset!r} in {self.url}")
         return zarr.open_group(self._zarr_store(self.path(asset, key), read_only=True), mode="r")
+
+    def read_array(self, asset: str, key: str, name: str) -> np.ndarray:
+        """All of array ``name`` of a committed partition, decoded in threads."""
+        return read_array(self.open_array(asset, key, name))
 
     def open_array(self, asset: str, key: str, name: str) -> zarr.Array:
         group = self.open_partition(asset, key)
