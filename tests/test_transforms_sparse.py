@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from zarrfeed.transforms import sparse
+from zarrfeed.transforms.ct import apply_window
 
 
 def test_coords_equal_argwhere():
@@ -28,6 +29,20 @@ def test_occupancy_threshold_and_downsample_against_block_loop():
     np.testing.assert_array_equal(sparse.downsample_occupancy(odd, 16), ref_odd)
     coords = sparse.occupancy_coords(vol, 0.999, grid=16)
     np.testing.assert_array_equal(sparse.occupancy_grid(coords, (16, 16, 16)), ref)
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (63, 70, 7), (40, 96, 96)])
+def test_window_occupancy_from_hu_equals_thresholding_each_window(shape):
+    rng = np.random.default_rng(2)
+    hu = rng.integers(-1024, 3072, shape).astype(np.int16)
+    hu[rng.random(shape) < 0.7] = -1000  # mostly air, so cells differ between windows
+    windows = ["lung", "mediastinum", "bone"]
+    for threshold, grid in ((0.5, 16), (0.0, 16), (0.9, (8, 32, 16)), (0.5, None)):
+        got = sparse.window_occupancy(hu, windows, threshold, grid)
+        for w in windows:
+            want = sparse.occupancy_coords(apply_window(hu, w), threshold, grid)
+            np.testing.assert_array_equal(got[w], want, err_msg=f"{w} {threshold} {grid}")
+    assert len({len(c) for c in got.values()}) > 1  # the windows really differ
 
 
 def test_sampling_is_deterministic_and_bounded():

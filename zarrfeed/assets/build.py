@@ -19,7 +19,7 @@ import dagster as dg
 
 from zarrfeed.assets.metadata import partition_metadata
 from zarrfeed.errors import ZarrfeedError
-from zarrfeed.store import ZarrStore
+from zarrfeed.store import ZarrStore, read_array
 
 # backfill_policy= is marked beta in dagster 1.13; it is the documented way to batch.
 warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_policy")
@@ -72,7 +72,7 @@ def checked_arrays(
     if fresh is not None:
         return fresh
     group = store.open_partition(asset, key)
-    return {name: group[name][...] for name in sorted(group.array_keys())}
+    return {name: read_array(group[name]) for name in sorted(group.array_keys())}
 
 
 def report(store: ZarrStore, asset: str, key: str, seconds: float | None, **extra: Any) -> dict:

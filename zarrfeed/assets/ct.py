@@ -28,10 +28,10 @@ from zarrfeed.assets.partitions import ct_scans
 from zarrfeed.formats import read_nifti, read_nifti_header
 from zarrfeed.formats.discover import rescale_from_metadata
 from zarrfeed.resources import BuildOptions, CTSettings, RawFolderResource, ZarrStoreResource
-from zarrfeed.store import file_sha256, provenance
+from zarrfeed.store import file_sha256, provenance, read_array
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
-from zarrfeed.transforms.sparse import occupancy_coords
+from zarrfeed.transforms.sparse import window_occupancy
 from zarrfeed.transforms.stats import finite_range
 
 HU_ASSET, WINDOWS_ASSET, SPARSE_ASSET, PATCHES_ASSET = (
@@ -191,7 +191,7 @@ def ct_windows(
         seconds, fresh = None, None
         if not reuse(store, WINDOWS_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
-            hu = store.open_array(HU_ASSET, key, "hu")[...]
+            hu = store.read_array(HU_ASSET, key, "hu")
             fresh = {name: ct.apply_window(hu, name) for name in params}
             attrs = provenance(
                 store.path(HU_ASSET, key),
@@ -230,7 +230,7 @@ def ct_windows(
     group="ct",
     code_version=VERSIONS[SPARSE_ASSET],
     checks=("min_points", "in_bounds"),
-    deps=(ct_windows,),
+    deps=(ct_hu, ct_windows),
 )
 def ct_sparse(
     context: dg.AssetExecutionContext,
@@ -241,36 +241,41 @@ def ct_sparse(
     """uint16 (N, 3) coordinates of occupied voxels per window (TRELLIS-style sparse structure).
 
     Occupied = windowed value above ``sparse_threshold``; on a ``sparse_grid``³ occupancy grid
-    (a cell is on if any voxel in it is), or at full resolution when the grid is 0.
+    (a cell is on if any voxel in it is), or at full resolution when the grid is 0.  Computed
+    from the HU volume in one pass for every window (``sparse.window_occupancy``), equal bit
+    for bit to thresholding the stored windows.
     """
     store = zarr_store.store()
     grid = ct_settings.sparse_grid or None
     params = {"threshold": ct_settings.sparse_threshold, "grid": grid}
 
     def one(key: str) -> Built:
-        source = upstream_input(store, WINDOWS_ASSET, key)
-        fp = fingerprint(VERSIONS[SPARSE_ASSET], params, {"windows": source})
-        windows = store.open_partition(WINDOWS_ASSET, key)
-        names = sorted(windows.array_keys())
+        inputs = {
+            "hu": upstream_input(store, HU_ASSET, key),
+            "windows": upstream_input(store, WINDOWS_ASSET, key),
+        }
+        fp = fingerprint(VERSIONS[SPARSE_ASSET], params, inputs)
+        names = sorted(store.open_partition(WINDOWS_ASSET, key).array_keys())
+        hu = store.open_array(HU_ASSET, key, "hu")
         seconds, fresh = None, None
         if not reuse(store, SPARSE_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
             attrs = provenance(
-                store.path(WINDOWS_ASSET, key),
-                source["sha"],
+                store.path(HU_ASSET, key),
+                inputs["hu"]["sha"],
                 VERSIONS[SPARSE_ASSET],
                 params,
                 fingerprint=fp,
             )
             threshold = ct_settings.sparse_threshold
-            fresh = {n: occupancy_coords(windows[n][...], threshold, grid) for n in names}
+            fresh = window_occupancy(read_array(hu), names, threshold, grid)
             with store.write_partition(SPARSE_ASSET, key, attrs) as w:
                 for name, coords in fresh.items():
                     w.write(name, coords, read="rows", dimension_names=("point", "axis"))
             seconds = time.perf_counter() - t0
         counts, out_of_bounds = {}, {}
         for name, coords in checked_arrays(store, SPARSE_ASSET, key, fresh).items():
-            bound = np.array((grid,) * 3 if grid else windows[name].shape)
+            bound = np.array((grid,) * 3 if grid else hu.shape)
             counts[name] = len(coords)
             if coords.dtype != np.uint16 or coords.ndim != 2 or (coords >= bound).any():
                 out_of_bounds[name] = str(coords.dtype)
@@ -326,7 +331,8 @@ def ct_patches(
         seconds, fresh = None, None
         if not reuse(store, PATCHES_ASSET, key, fp, build.force):
             t0 = time.perf_counter()
-            fractions = patch_fractions(hu[...] > ct_settings.body_hu, grid)
+            body = read_array(hu) > ct_settings.body_hu
+            fractions = patch_fractions(body, grid)
             keep = np.flatnonzero(fractions >= ct_settings.min_body_fraction)
             attrs = provenance(
                 store.path(HU_ASSET, key),

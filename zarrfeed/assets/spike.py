@@ -126,7 +126,7 @@ def spike_voxels(
                     spikes = read_dat(path, seq.height, seq.width, seq.layout, seq.frames)
                     arr[i] = sp.voxel_bins(spikes, bins)
             seconds = time.perf_counter() - t0
-        voxels = store.open_array(VOXELS_ASSET, key, "voxels")[...]
+        voxels = store.read_array(VOXELS_ASSET, key, "voxels")
         widest = int(np.diff(sp.bin_edges(seq.frames, bins)).max())
         expected = (len(samples), bins, seq.height, seq.width)
         ok = voxels.shape == expected and voxels.dtype == np.uint8 and int(voxels.max()) <= widest

@@ -19,8 +19,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.formats import read_dat
-from zarrfeed.store import ZarrStore
-from zarrfeed.store.decode import read_array, read_into
+from zarrfeed.store import ZarrStore, read_array, read_into
 from zarrfeed.training.cache import Fill, SharedArrayCache
 from zarrfeed.transforms import spike as sp
 from zarrfeed.transforms.defects import random_defects, render_defects
@@ -135,7 +134,7 @@ class StoreDataset(Dataset):
     def preload(self) -> None:
         """Decode every cached array into the shared cache (seed 000's auto-preload).
 
-        In this process: :func:`~zarrfeed.store.decode.read_into` decodes each array's chunks
+        In this process: :func:`~zarrfeed.store.chunkio.read_into` decodes each array's chunks
         on every usable core straight into its cache file, faster than child processes start
         (a forkserver child re-imports ``__main__``, torch usually: 2.2 s; a plain fork can
         inherit a lock held by one of zarr's, Dagster's or torch's threads — one hung in CI).
