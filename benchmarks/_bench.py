@@ -27,32 +27,32 @@ def ratio(name: str, ours: float, baseline: float, text: str = "") -> None:
 
 
 class GpuUtilisation:
-    """Mean GPU utilisation (NVML: share of time a kernel was running) sampled every
-    ``every`` seconds while the block runs; ``mean`` stays None where NVML is missing."""
+    """Mean GPU utilisation (NVML: share of time a kernel was running), sampled every
+    ``every`` seconds between :meth:`start` and :meth:`stop`; ``mean`` stays None where
+    NVML is missing (CPU machines)."""
 
     def __init__(self, index: int = 0, every: float = 0.05) -> None:
         self.index, self.every, self.mean = index, every, None
         self._samples: list[int] = []
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> GpuUtilisation:
+    def start(self) -> None:
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception:  # no NVML (CPU machines): nothing to sample
-            self._thread = None
-            return self
-        self._thread = threading.Thread(target=self._run, args=(pynvml,), daemon=True)
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:  # no NVML: nothing to sample
+            return
+        self._thread = threading.Thread(target=self._run, args=(pynvml, handle), daemon=True)
         self._thread.start()
-        return self
 
-    def _run(self, pynvml) -> None:
+    def _run(self, pynvml, handle) -> None:
         while not self._stop.wait(self.every):
-            self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

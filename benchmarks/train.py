@@ -11,6 +11,7 @@ On CUDA it also reports the GPU utilisation NVML sampled during each run (seed 0
 
 import argparse
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -115,15 +116,36 @@ def steady(history: dict, skip: int) -> tuple[float, float, float]:
     return wait / (wait + step), (wait + step) / n, sum(history["samples"][skip:]) / (wait + step)
 
 
+def run(
+    cfg: TrainConfig, task: CTClassification | None, skip: int
+) -> tuple[tuple, float | None, int]:
+    """Train; (steady figures after ``skip`` steps, mean GPU utilisation over those steps,
+    batches the loader holds in flight: workers x prefetch)."""
+    gpu, in_flight = GpuUtilisation(), [0]
+
+    def log(line: str) -> None:
+        if found := re.search(r"num_workers=(\d+) prefetch_factor=(\d+)", line):
+            in_flight[0] = int(found[1]) * int(found[2])
+        if f"] step {skip} |" in line:
+            gpu.start()
+
+    cfg.train.log_every = 1
+    history = Trainer(cfg, log=log, task=task).fit().history
+    gpu.stop()
+    return steady(history, skip), gpu.mean, in_flight[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--batch", type=int, default=4, help="patches per step")
     parser.add_argument("--workers", default="2", help="DataLoader workers: N, auto, cpu*0.9")
+    parser.add_argument("--steps", type=int, default=60, help="zarrfeed training steps")
+    parser.add_argument("--no-naive", action="store_true", help="zarrfeed's figures only")
     args = parser.parse_args()
-    steps, naive_steps, skip = (8, 4, 2) if args.quick else (60, 12, 3)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    steps, skip, measured = (8, 2, 2) if args.quick else (args.steps, 3, 8)
     amp = "auto" if cuda else "off"  # CPU: fp32, as bf16 is emulated on this machine
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -131,35 +153,43 @@ def main() -> None:
         raw, store = build_store(work, 4)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
                 "dataloader": {"workers": args.workers}, "data": {"eval_batches": 1},
-                "train": {"batch_size": args.batch, "log_every": 1000, "amp": amp,
+                "train": {"batch_size": args.batch, "amp": amp,
                           "device": "cuda" if cuda else "cpu"}}  # fmt: skip
-        results, busy = {}, {}
-        for name, n in (("zarrfeed", steps), ("naive", naive_steps)):
-            cfg = TrainConfig.model_validate({**base, "out": str(work / name)})
-            cfg.train.steps = n
-            task = NaiveTask(cfg, raw) if name == "naive" else None
-            with GpuUtilisation() as gpu:
-                results[name] = steady(Trainer(cfg, log=None, task=task).fit().history, skip)
-            busy[name] = gpu.mean
-    (share, per_step, rate), (nshare, nper_step, nrate) = results["zarrfeed"], results["naive"]
+        cfg = TrainConfig.model_validate({**base, "out": str(work / "zarrfeed")})
+        cfg.train.steps = steps
+        ours, busy, in_flight = run(cfg, None, skip)
+        naive = None
+        if not args.no_naive:
+            # The naive loader's first batches were prefetched while the model started:
+            # measure it only once the batches in flight at the start are used up.
+            naive_skip = max(skip, in_flight + 1)
+            cfg = TrainConfig.model_validate({**base, "out": str(work / "naive")})
+            cfg.train.steps = naive_skip + measured
+            naive = run(cfg, NaiveTask(cfg, raw), naive_skip)
+    (share, per_step, rate) = ours
     where = f"{torch.cuda.get_device_name()}, amp {amp}" if cuda else f"{os.cpu_count()} CPU cores"
     setting = (
         f"CT classifier, {args.batch}x1x64^3 batches, workers {args.workers}, {where}, "
         "after warm-up"
     )
     bench("train.data_wait_share", share, "share", f"zarrfeed cached loader; {setting}")
+    bench("train.samples_per_s", rate, "samples/s", f"zarrfeed, {per_step * 1e3:.1f} ms/step")
+    if busy is not None:
+        bench("train.gpu_utilisation", busy, "share", "NVML mean over the measured steps")
+    if naive is None:
+        return
+    (nshare, nper_step, nrate), naive_busy, _ = naive
     bench("train.data_wait_share_naive", nshare, "share",
           f"per-sample NIfTI read + float64 zoom in __getitem__; {setting}")  # fmt: skip
     bench(
         "train.step_time_vs_naive",
         nper_step / per_step,
         "x",
-        f"zarrfeed={per_step:.3f}s naive={nper_step:.3f}s per step (data wait + compute)",
+        f"zarrfeed={per_step:.3f}s naive={nper_step:.3f}s per step (data wait + compute); "
+        f"naive {nrate:.1f} samples/s",
     )
-    bench("train.samples_per_s", rate, "samples/s", f"zarrfeed; naive {nrate:.1f}/s")
-    if busy["zarrfeed"] is not None:
-        text = f"NVML mean over the whole run incl. preload and eval; naive {busy['naive']:.3f}"
-        bench("train.gpu_utilisation", busy["zarrfeed"], "share", text)
+    if naive_busy is not None:
+        bench("train.gpu_utilisation_naive", naive_busy, "share", "NVML, naive loader")
 
 
 if __name__ == "__main__":
