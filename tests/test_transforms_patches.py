@@ -31,9 +31,13 @@ def test_grid_matches_explicit_list(shape, patch, stride):
         assert grid.origin(i) == ref[i]
 
 
-def test_fractions_match_brute_force():
-    mask = np.random.default_rng(0).random((40, 33, 27)) > 0.7
-    grid = PatchGrid.make(mask.shape, (8, 8, 8), (6, 5, 4))
+@pytest.mark.parametrize(
+    ("shape", "patch", "stride"),
+    [((40, 33, 27), (8, 8, 8), (6, 5, 4)), ((70, 50, 45), (16, 16, 16), (16, 16, 16))],
+)
+def test_fractions_match_brute_force(shape, patch, stride):
+    mask = np.random.default_rng(0).random(shape) > 0.7
+    grid = PatchGrid.make(mask.shape, patch, stride)
     got = patch_fractions(mask, grid)
     ref = [mask[grid.slices(i)].mean() for i in range(len(grid))]
     np.testing.assert_allclose(got, ref, rtol=1e-6)
