@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--workers", default="2", help="DataLoader workers: N, auto, cpu*0.9")
     parser.add_argument("--steps", type=int, default=60, help="zarrfeed training steps")
     parser.add_argument("--no-naive", action="store_true", help="zarrfeed's figures only")
+    parser.add_argument("--device-cache", default="off", choices=["auto", "on", "off"])
     args = parser.parse_args()
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     steps, skip, measured = (8, 2, 2) if args.quick else (args.steps, 3, 8)
@@ -152,7 +153,8 @@ def main() -> None:
         os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
         raw, store = build_store(work, 4)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
-                "dataloader": {"workers": args.workers}, "data": {"eval_batches": 1},
+                "dataloader": {"workers": args.workers, "device_cache": args.device_cache},
+                "data": {"eval_batches": 1},
                 "train": {"batch_size": args.batch, "amp": amp,
                           "device": "cuda" if cuda else "cpu"}}  # fmt: skip
         cfg = TrainConfig.model_validate({**base, "out": str(work / "zarrfeed")})
@@ -169,8 +171,8 @@ def main() -> None:
     (share, per_step, rate) = ours
     where = f"{torch.cuda.get_device_name()}, amp {amp}" if cuda else f"{os.cpu_count()} CPU cores"
     setting = (
-        f"CT classifier, {args.batch}x1x64^3 batches, workers {args.workers}, {where}, "
-        "after warm-up"
+        f"CT classifier, {args.batch}x1x64^3 batches, workers {args.workers}, "
+        f"device cache {args.device_cache}, {where}, after warm-up"
     )
     bench("train.data_wait_share", share, "share", f"zarrfeed cached loader; {setting}")
     bench("train.samples_per_s", rate, "samples/s", f"zarrfeed, {per_step * 1e3:.1f} ms/step")

@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from zarrfeed.cli import main
 from zarrfeed.errors import ConfigError
+from zarrfeed.training import CTPatchDataset
 from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.device import DevicePatches
 from zarrfeed.training.trainer import ResumableSampler, amp_policy, cpu_has_bf16, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +75,27 @@ def test_resume_repeats_the_uninterrupted_loss_curve(built, tmp_path):
     assert resumed.resumed_from == 6 and resumed.step == 12
     assert resumed.history["loss"] == whole.history["loss"]
     assert resumed.eval_after == whole.eval_after
+
+
+def test_device_cache_cuts_the_loader_batches_and_trains_alike(built, tmp_path):
+    store, _ = built
+    ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
+    held = DevicePatches(ds, torch.device("cpu"))
+    assert held.nbytes() == ds.nbytes()
+    order = np.random.default_rng(0).permutation(len(ds))[:6]
+    want, got = ds.__getitems__(list(order)), held.batch(order)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]) or torch.allclose(got[k], want[k], equal_nan=True), k
+    lines: list[str] = []
+    on = config(built, tmp_path / "on", "ct_classifier", steps=6)
+    on.dataloader.device_cache = "on"
+    loaded = train(config(built, tmp_path / "off", "ct_classifier", steps=6))
+    cut = train(on, log=lines.append)
+    assert any("device cache: volumes held on cpu" in s for s in lines)
+    assert any("num_workers=0" in s for s in lines)
+    np.testing.assert_allclose(cut.history["loss"], loaded.history["loss"], rtol=1e-5)
+    assert cut.history["samples"] == loaded.history["samples"]
 
 
 def test_gradient_accumulation_and_checkpointing_run(built, tmp_path):
@@ -164,7 +188,12 @@ def test_torchrun_ddp_two_processes_on_gloo(built, tmp_path):
 @pytest.mark.parametrize("task", sorted(BOUNDS))
 def test_cuda_amp_pinned_training(built, tmp_path, task):
     lines: list[str] = []
-    result = train(config(built, tmp_path, task, device="cuda"), log=lines.append)
-    assert any("pinned memory: on" in s for s in lines)
+    cfg = config(built, tmp_path, task, device="cuda")
+    cfg.dataloader.device_cache = "auto"
+    result = train(cfg, log=lines.append)
+    if task == "ct_classifier":  # the sample volumes fit the GPU: cut there
+        assert any("device cache: volumes held on cuda" in s for s in lines)
+    else:
+        assert any("pinned memory: on" in s for s in lines)
     assert result.peak_memory_mb > 0
     assert result.eval_after["loss"] < result.eval_before["loss"]

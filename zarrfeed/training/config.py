@@ -44,6 +44,12 @@ class LoaderConfig(Section):
     workers: str = Field("auto", description="'auto', 'cpu*0.9' or an integer (seed 001)")
     context: Literal["fork", "forkserver", "spawn"] = "forkserver"
     preload: Literal["auto", "always", "never"] = "auto"
+    device_cache: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="CT patches: hold the volumes on the training device and cut batches there "
+        "(auto: on CUDA when they take at most a quarter of its free memory; off by default "
+        "until measured on a GPU)",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod

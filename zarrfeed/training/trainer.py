@@ -33,6 +33,7 @@ from torch.utils.data import Dataset, Sampler
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.device import device_loader
 from zarrfeed.training.loader import LoaderPlan, batch_len, make_loader
 from zarrfeed.training.report import loss_curve_png
 from zarrfeed.training.tasks import Task, make_task
@@ -207,6 +208,12 @@ class Trainer:
 
     def _loader(self, dataset: Dataset, sampler: ResumableSampler) -> tuple[Any, LoaderPlan]:
         c = self.config
+        held = device_loader(
+            dataset, sampler, c.train.batch_size, self.device, c.dataloader.device_cache
+        )
+        if held is not None:
+            self.log(held[1].log_block())
+            return held
         preload = {"auto": "auto", "always": True, "never": False}[c.dataloader.preload]
         return make_loader(
             dataset,
