@@ -5,6 +5,7 @@ import torch
 from pydicom.pixels import apply_windowing
 
 from zarrfeed.transforms import ct
+from zarrfeed.transforms.stats import finite_range
 
 
 def test_presets_are_the_radiopaedia_values():
@@ -100,3 +101,16 @@ def test_hu_preset_keeps_int16():
     hu = np.full((10, 20, 20), -1000, dtype=np.int16)
     out = ct.preprocess(hu, (3.0, 1.5, 1.5), ct.HU_ISOTROPIC)
     assert out.dtype == np.int16 and out.shape == (20, 40, 40) and np.all(out == -1000)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.0, 0.25, 1.0], [0.5, 65504.0], [-0.0, 0.5], [-2.0, 3.0], [0.1, np.inf], [np.nan, 1.0]],
+)
+def test_finite_range_float16_matches_float64(values):
+    x = np.array(values * 6, dtype=np.float16).reshape(3, -1)
+    lo, hi, finite = finite_range(x)
+    ref = x.astype(np.float64)
+    assert finite == bool(np.isfinite(ref).all())
+    if finite:
+        assert (lo, hi) == (ref.min(), ref.max())

@@ -1,7 +1,9 @@
 """Whole-array statistics that checks run on every partition, fast for float16.
 
-numpy reduces float16 through a per-element conversion (about 10× slower than float32);
-torch's CPU kernels reduce float16 directly and use several threads.
+numpy reduces float16 through a per-element conversion (about 10× slower than float32), and
+torch's CPU kernels still take ~0.14 s for a 240×480×480 window.  Non-negative finite float16
+values sort like their bit patterns, so two uint16 reductions answer the common case (every
+window lies in [0, 1]) in ~0.02 s; anything else falls back to torch.
 """
 
 from __future__ import annotations
@@ -9,11 +11,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+_F16_MAX_FINITE = 0x7BFF  # bit pattern of 65504, the largest finite float16
+
 
 def finite_range(x: np.ndarray) -> tuple[float, float, bool]:
     """(min, max, all finite) of an array; (nan, nan, True) when it is empty."""
     if x.size == 0:
         return float("nan"), float("nan"), True
+    if x.dtype == np.float16:
+        bits = np.ascontiguousarray(x).view(np.uint16)
+        top = bits.max()
+        if top <= _F16_MAX_FINITE:  # no sign bit, no inf/nan: values order as their bits
+            lo, hi = np.array([bits.min(), top], np.uint16).view(np.float16)
+            return float(lo), float(hi), True
     t = torch.from_numpy(np.ascontiguousarray(x))
     finite = bool(torch.isfinite(t).all()) if t.is_floating_point() else True
     lo, hi = torch.aminmax(t)
