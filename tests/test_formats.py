@@ -54,6 +54,14 @@ def test_nifti_round_trip_spacing_and_orientation(tmp_path):
     scaled = read_nifti(tmp_path / "s.nii.gz")
     assert (scaled.slope, scaled.intercept) == (2.0, -1024.0)
     np.testing.assert_array_equal(scaled.data, data)  # stored values, scaling kept apart
+    import nibabel as nib  # NIfTI-2, gzipped: inflated by igzip, then parsed by nibabel
+
+    nib.save(nib.Nifti2Image(data.transpose(2, 1, 0), np.eye(4)), tmp_path / "n2.nii.gz")
+    np.testing.assert_array_equal(read_nifti(tmp_path / "n2.nii.gz").data, data)
+    cut = tmp_path / "cut.nii.gz"
+    cut.write_bytes((tmp_path / "v.nii.gz").read_bytes()[:-20])  # a truncated download
+    with pytest.raises(InputError, match=r"cut\.nii\.gz.*unreadable"):
+        read_nifti(cut)
 
 
 def test_nifti_reorients_an_lps_file_to_canonical(tmp_path):

@@ -7,14 +7,22 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+from isal import igzip
 
 from zarrfeed.errors import InputError
 from zarrfeed.formats.volume import Volume
 
 
-def _load(path: Path) -> nib.Nifti1Image:
+def _load(path: Path, whole: bool = False) -> nib.Nifti1Image:
+    """The image; with ``whole`` a ``.nii.gz`` is inflated up front by ISA-L's igzip, about
+    2-3x faster than the zlib stream nibabel reads it through (CT ingest decodes every scan)."""
     try:
-        img = nib.load(path)
+        if whole and path.name.endswith(".gz"):
+            raw = igzip.decompress(path.read_bytes())
+            nifti2 = 540 in (int.from_bytes(raw[:4], "little"), int.from_bytes(raw[:4], "big"))
+            img = (nib.Nifti2Image if nifti2 else nib.Nifti1Image).from_bytes(raw)
+        else:
+            img = nib.load(path)
     except Exception as exc:  # nibabel raises several unrelated types for bad files
         raise InputError(path, "a NIfTI-1/2 image", f"an unreadable file ({exc})") from exc
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
@@ -58,7 +66,7 @@ def read_nifti(path: str | Path, canonical: bool = True) -> Volume:
     and then transposed to (z, y, x) = (S, A, R), so every scan has the same orientation.
     """
     path = Path(path)
-    img = _load(path)
+    img = _load(path, whole=True)
     axcodes = "".join(nib.aff2axcodes(img.affine))
     slope, intercept = img.dataobj.slope, img.dataobj.inter
     data = np.asarray(img.dataobj.get_unscaled())
