@@ -136,13 +136,22 @@ def write_from(array: zarr.Array, data: np.ndarray, threads: int | None = None) 
                 buf[...] = fill
             buf[tuple(slice(0, s.stop - s.start) for s in region)] = block
             block = buf
-        if (block == fill).all():
+        if _only(block, fill):
             return
         path = folder / encode(coords)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(blosc.compress(block, cname, clevel, shuffle, blocksize))
 
     _each_chunk(array.shape, chunks, one, threads)
+
+
+def _only(block: np.ndarray, fill: object) -> bool:
+    """Whether ``block`` holds nothing but ``fill``, compared bit for bit: float16 equality
+    converts every element (0.6 ms per 64³ chunk against 0.02 ms for the bits)."""
+    if block.dtype.kind in "biuf" and block.dtype.itemsize in (1, 2, 4, 8):
+        bits = np.dtype(f"u{block.dtype.itemsize}")
+        return not np.any(block.view(bits) != np.array(fill, block.dtype).view(bits))
+    return bool((block == fill).all())
 
 
 def _each_chunk(
