@@ -105,23 +105,69 @@ def partitioned_asset(
     return wrap
 
 
+def partitioned_multi_asset(
+    *,
+    name: str,
+    partitions_def: dg.PartitionsDefinition,
+    group: str,
+    assets: Mapping[str, tuple[str, tuple[str, ...], tuple[str, ...], Callable]],
+) -> Callable:
+    """``@dg.multi_asset`` over ``assets`` (name -> code version, checks, deps, builder whose
+    docstring describes the asset), subsettable, with the same conventions as
+    :func:`partitioned_asset`."""
+
+    def wrap(fn: Callable) -> dg.AssetsDefinition:
+        return dg.multi_asset(
+            name=name,
+            specs=[
+                dg.AssetSpec(
+                    key,
+                    deps=list(deps),
+                    group_name=group,
+                    code_version=version,
+                    description=builder.__doc__,
+                )
+                for key, (version, _, deps, builder) in assets.items()
+            ],
+            check_specs=[
+                dg.AssetCheckSpec(c, asset=key, blocking=True)
+                for key, (_, checks, _, _) in assets.items()
+                for c in checks
+            ],
+            partitions_def=partitions_def,
+            backfill_policy=BATCH,
+            can_subset=True,
+        )(fn)
+
+    return wrap
+
+
 def materialize_partitions(
-    context: dg.AssetExecutionContext, build: Callable[[str], Built]
+    context: dg.AssetExecutionContext,
+    build: Callable[[str], Built],
+    asset_key: dg.AssetKey | None = None,
 ) -> dg.MaterializeResult:
-    """Build every partition of the run and report them with the selected checks."""
-    check_names = [k.name for k in context.selected_asset_check_keys]
+    """Build every partition of the run and report them with the selected checks (of
+    ``asset_key`` when the step materialises several assets)."""
+    check_names = [
+        k.name
+        for k in context.selected_asset_check_keys
+        if asset_key is None or k.asset_key == asset_key
+    ]
     keys = context.partition_keys
+
+    def check(n: str, passed: bool, metadata: dict[str, Any]) -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(
+            asset_key=asset_key, check_name=n, passed=passed, metadata=metadata
+        )
+
     if len(keys) == 1:
         built = build(keys[0])
         return dg.MaterializeResult(
+            asset_key=asset_key,
             metadata=built.metadata,
             data_version=dg.DataVersion(built.data_version) if built.data_version else None,
-            check_results=[
-                dg.AssetCheckResult(
-                    check_name=n, passed=built.checks[n][0], metadata=built.checks[n][1]
-                )
-                for n in check_names
-            ],
+            check_results=[check(n, *built.checks[n]) for n in check_names],
         )
     t0 = time.perf_counter()
     results: dict[str, Built] = {}
@@ -145,18 +191,17 @@ def materialize_partitions(
         for k, b in results.items()
     }
     return dg.MaterializeResult(
+        asset_key=asset_key,
         metadata={
             "batch_partitions": len(keys),
             "batch_seconds": round(time.perf_counter() - t0, 3),
             "partitions": dg.MetadataValue.json(rows),
         },
         check_results=[
-            dg.AssetCheckResult(
-                check_name=n,
-                passed=all(b.checks[n][0] for b in results.values()),
-                metadata={
-                    "failed_partitions": [k for k, b in results.items() if not b.checks[n][0]]
-                },
+            check(
+                n,
+                all(b.checks[n][0] for b in results.values()),
+                {"failed_partitions": [k for k, b in results.items() if not b.checks[n][0]]},
             )
             for n in check_names
         ],

@@ -6,7 +6,9 @@ The raw asset's content hash is its data version, so a changed file makes only i
 partitions stale.
 """
 
+import functools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from zarrfeed.assets.build import (
     fingerprint,
     materialize_partitions,
     partitioned_asset,
+    partitioned_multi_asset,
     report,
     reuse,
     upstream_input,
@@ -28,7 +31,7 @@ from zarrfeed.assets.partitions import ct_scans
 from zarrfeed.formats import read_nifti, read_nifti_header
 from zarrfeed.formats.discover import rescale_from_metadata
 from zarrfeed.resources import BuildOptions, CTSettings, RawFolderResource, ZarrStoreResource
-from zarrfeed.store import file_sha256, provenance, read_array
+from zarrfeed.store import ZarrStore, file_sha256, provenance
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.sparse import window_occupancy
@@ -43,6 +46,7 @@ HU_ASSET, WINDOWS_ASSET, SPARSE_ASSET, PATCHES_ASSET = (
 CT_STORE_ASSETS = (HU_ASSET, WINDOWS_ASSET, SPARSE_ASSET, PATCHES_ASSET)
 VERSIONS = {HU_ASSET: "1", WINDOWS_ASSET: "1", SPARSE_ASSET: "1", PATCHES_ASSET: "1"}
 VERIFY_POINTS = 2048
+HuReader = Callable[[str], np.ndarray]  # partition key -> its HU volume
 
 
 def _raw_path(scans: dict[str, Path], key: str, root: str) -> Path:
@@ -168,30 +172,19 @@ def ct_hu(
     return materialize_partitions(context, one)
 
 
-@partitioned_asset(
-    partitions_def=ct_scans,
-    group="ct",
-    code_version=VERSIONS[WINDOWS_ASSET],
-    checks=("window_range",),
-    deps=(ct_hu,),
-)
-def ct_windows(
-    context: dg.AssetExecutionContext,
-    zarr_store: ZarrStoreResource,
-    ct_settings: CTSettings,
-    build: BuildOptions,
-) -> dg.MaterializeResult:
+def _windows(
+    store: ZarrStore, ct_settings: CTSettings, force: bool, hu_of: HuReader
+) -> Callable[[str], Built]:
     """float16 windows in [0, 1], one array per configured window, chunked for 64³ patches."""
-    store = zarr_store.store()
     params = {n: vars(ct.get_window(n)) for n in ct_settings.windows}
 
     def one(key: str) -> Built:
         source = upstream_input(store, HU_ASSET, key)
         fp = fingerprint(VERSIONS[WINDOWS_ASSET], params, {"hu": source})
         seconds, fresh = None, None
-        if not reuse(store, WINDOWS_ASSET, key, fp, build.force):
+        if not reuse(store, WINDOWS_ASSET, key, fp, force):
             t0 = time.perf_counter()
-            hu = store.read_array(HU_ASSET, key, "hu")
+            hu = hu_of(key)
             fresh = {name: ct.apply_window(hu, name) for name in params}
             attrs = provenance(
                 store.path(HU_ASSET, key),
@@ -222,22 +215,12 @@ def ct_windows(
             checks={"window_range": (not bad, {"out_of_range": bad})},
         )
 
-    return materialize_partitions(context, one)
+    return one
 
 
-@partitioned_asset(
-    partitions_def=ct_scans,
-    group="ct",
-    code_version=VERSIONS[SPARSE_ASSET],
-    checks=("min_points", "in_bounds"),
-    deps=(ct_hu, ct_windows),
-)
-def ct_sparse(
-    context: dg.AssetExecutionContext,
-    zarr_store: ZarrStoreResource,
-    ct_settings: CTSettings,
-    build: BuildOptions,
-) -> dg.MaterializeResult:
+def _sparse(
+    store: ZarrStore, ct_settings: CTSettings, force: bool, hu_of: HuReader
+) -> Callable[[str], Built]:
     """uint16 (N, 3) coordinates of occupied voxels per window (TRELLIS-style sparse structure).
 
     Occupied = windowed value above ``sparse_threshold``; on a ``sparse_grid``³ occupancy grid
@@ -245,7 +228,6 @@ def ct_sparse(
     from the HU volume in one pass for every window (``sparse.window_occupancy``), equal bit
     for bit to thresholding the stored windows.
     """
-    store = zarr_store.store()
     grid = ct_settings.sparse_grid or None
     params = {"threshold": ct_settings.sparse_threshold, "grid": grid}
 
@@ -258,7 +240,7 @@ def ct_sparse(
         names = sorted(store.open_partition(WINDOWS_ASSET, key).array_keys())
         hu = store.open_array(HU_ASSET, key, "hu")
         seconds, fresh = None, None
-        if not reuse(store, SPARSE_ASSET, key, fp, build.force):
+        if not reuse(store, SPARSE_ASSET, key, fp, force):
             t0 = time.perf_counter()
             attrs = provenance(
                 store.path(HU_ASSET, key),
@@ -268,7 +250,7 @@ def ct_sparse(
                 fingerprint=fp,
             )
             threshold = ct_settings.sparse_threshold
-            fresh = window_occupancy(read_array(hu), names, threshold, grid)
+            fresh = window_occupancy(hu_of(key), names, threshold, grid)
             with store.write_partition(SPARSE_ASSET, key, attrs) as w:
                 for name, coords in fresh.items():
                     w.write(name, coords, read="rows", dimension_names=("point", "axis"))
@@ -292,27 +274,16 @@ def ct_sparse(
             },
         )
 
-    return materialize_partitions(context, one)
+    return one
 
 
-@partitioned_asset(
-    partitions_def=ct_scans,
-    group="ct",
-    code_version=VERSIONS[PATCHES_ASSET],
-    checks=("non_empty", "in_bounds"),
-    deps=(ct_hu, ct_windows),
-)
-def ct_patches(
-    context: dg.AssetExecutionContext,
-    zarr_store: ZarrStoreResource,
-    ct_settings: CTSettings,
-    build: BuildOptions,
-) -> dg.MaterializeResult:
+def _patches(
+    store: ZarrStore, ct_settings: CTSettings, force: bool, hu_of: HuReader
+) -> Callable[[str], Built]:
     """Origins of the patches (of the windowed volumes) that are mostly body, with fractions.
 
     Training samples patches from this index instead of rejecting air patches at load time.
     """
-    store = zarr_store.store()
     patch, stride = tuple(ct_settings.patch_zyx), tuple(ct_settings.patch_stride_zyx)
     params = {
         "patch": patch,
@@ -329,9 +300,9 @@ def ct_patches(
             hu.shape, tuple(min(p, n) for p, n in zip(patch, hu.shape, strict=True)), stride
         )
         seconds, fresh = None, None
-        if not reuse(store, PATCHES_ASSET, key, fp, build.force):
+        if not reuse(store, PATCHES_ASSET, key, fp, force):
             t0 = time.perf_counter()
-            body = read_array(hu) > ct_settings.body_hu
+            body = hu_of(key) > ct_settings.body_hu
             fractions = patch_fractions(body, grid)
             keep = np.flatnonzero(fractions >= ct_settings.min_body_fraction)
             attrs = provenance(
@@ -369,4 +340,43 @@ def ct_patches(
             },
         )
 
-    return materialize_partitions(context, one)
+    return one
+
+
+# asset -> (code version, blocking checks, deps, builder); one step builds any subset.
+CT_DERIVED = {
+    "ct_windows": (VERSIONS[WINDOWS_ASSET], ("window_range",), ("ct_hu",), _windows),
+    "ct_sparse": (
+        VERSIONS[SPARSE_ASSET],
+        ("min_points", "in_bounds"),
+        ("ct_hu", "ct_windows"),
+        _sparse,
+    ),
+    "ct_patches": (
+        VERSIONS[PATCHES_ASSET],
+        ("non_empty", "in_bounds"),
+        ("ct_hu", "ct_windows"),
+        _patches,
+    ),
+}
+
+
+@partitioned_multi_asset(name="ct_derived", partitions_def=ct_scans, group="ct", assets=CT_DERIVED)
+def ct_derived(
+    context: dg.AssetExecutionContext,
+    zarr_store: ZarrStoreResource,
+    ct_settings: CTSettings,
+    build: BuildOptions,
+) -> Iterator[dg.MaterializeResult]:
+    """Windows, sparse indices and patch index of a scan in one step (any subset of them).
+
+    All three are computed from the HU volume, read once per partition here; as separate
+    steps each paid Dagster's per-step cost (~0.2 s: events, resources, checks) and its own
+    read of the volume.
+    """
+    store = zarr_store.store()
+    hu_of = functools.lru_cache(maxsize=1)(lambda key: store.read_array(HU_ASSET, key, "hu"))
+    for name, (*_, builder) in CT_DERIVED.items():
+        if dg.AssetKey(name) in context.selected_asset_keys:
+            one = builder(store, ct_settings, build.force, hu_of)
+            yield materialize_partitions(context, one, dg.AssetKey(name))

@@ -6,7 +6,7 @@ from datetime import timedelta
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.ct import CT_STORE_ASSETS, PATCHES_ASSET, ct_patches, ct_sparse, ct_windows
+from zarrfeed.assets.ct import CT_STORE_ASSETS, PATCHES_ASSET, ct_derived
 from zarrfeed.assets.images import (
     IMAGE_PATCHES_ASSET,
     IMAGE_STORE_ASSETS,
@@ -113,7 +113,7 @@ def dataset_asset(
     return _dataset
 
 
-ct_dataset = dataset_asset("ct", [ct_windows, ct_sparse, ct_patches], CT_STORE_ASSETS, ct_tables)
+ct_dataset = dataset_asset("ct", [ct_derived], CT_STORE_ASSETS, ct_tables)
 spike_dataset = dataset_asset("spike", [spike_voxels, spike_frames], SPIKE_STORE_ASSETS)
 image_dataset = dataset_asset(
     "image", [image_store, image_patches], IMAGE_STORE_ASSETS, image_tables
