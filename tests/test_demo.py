@@ -43,12 +43,14 @@ def instance_at(home: str):
 
 def test_demo_builds_everything_and_the_cli_materialises_a_partition(demo):
     tmp, env = demo
-    cmd = ["asset", "materialize", "-m", "zarrfeed.definitions", "--select", "image_store",
-           "--partition", "inspection_test"]  # fmt: skip
-    cli = subprocess.run(
-        [BIN / "dagster", *cmd], capture_output=True, text=True, timeout=300, env=env, cwd=tmp
-    )
-    assert cli.returncode == 0, cli.stderr[-3000:]
+    # one asset, and one asset of the subsettable ct_derived step
+    for asset, key in (("image_store", "inspection_test"), ("ct_sparse", "train_1_a_1")):
+        cmd = ["asset", "materialize", "-m", "zarrfeed.definitions", "--select", asset,
+               "--partition", key]  # fmt: skip
+        cli = subprocess.run(
+            [BIN / "dagster", *cmd], capture_output=True, text=True, timeout=300, env=env, cwd=tmp
+        )
+        assert cli.returncode == 0, cli.stderr[-3000:]
     with instance_at(env["DAGSTER_HOME"]) as instance:
         for asset, n in (("ct_windows", 4), ("spike_voxels", 2), ("image_patches", 2)):
             assert len(instance.get_materialized_partitions(dg.AssetKey(asset))) == n
@@ -56,7 +58,12 @@ def test_demo_builds_everything_and_the_cli_materialises_a_partition(demo):
         for task in ("ct_classifier", "sparse_autoencoder", "spike_deblur", "defect_segmentation"):
             assert instance.get_latest_materialization_event(dg.AssetKey(f"{task}_model"))
         runs = instance.get_runs()
-        assert len(runs) == 14 and all(r.is_success for r in runs)
+        assert len(runs) == 15 and all(r.is_success for r in runs)
+        last = instance.get_records_for_run(runs[0].run_id).records
+        made = {r.event_log_entry.dagster_event.asset_key for r in last
+                if r.event_log_entry.is_dagster_event
+                and r.event_log_entry.dagster_event.is_step_materialization}  # fmt: skip
+        assert made == {dg.AssetKey("ct_sparse")}  # the subset alone
 
 
 def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo):
