@@ -8,8 +8,17 @@ import pytest
 import zarr
 
 from zarrfeed.errors import InvalidKeyError, StoreError
-from zarrfeed.store import ZarrStore, chunks_for, compressors_for, provenance, sanitise_key
-from zarrfeed.store.chunkio import _direct_layout, read_array, read_into, write_from
+from zarrfeed.store import (
+    ChunkedArray,
+    LocalBackend,
+    ZarrStore,
+    chunks_for,
+    compressors_for,
+    provenance,
+    sanitise_key,
+)
+from zarrfeed.store.chunkio import BloscLayout, write_from
+from zarrfeed.store.zarrstore import version_time
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -70,9 +79,14 @@ def test_failed_write_leaves_nothing_and_keeps_the_committed_version(store):
         raise RuntimeError("boom")
     assert store.list_partitions("ct/windows") == ["scan_1"]
     np.testing.assert_array_equal(store.open_array("ct/windows", "scan_1", "lung")[:], 0.5)
-    assert not store.fs.exists(f"{store.root}/.zarrfeed/staging") or not store.fs.ls(
-        f"{store.root}/.zarrfeed/staging"
-    )
+    committed = store.commit_record("ct/windows", "scan_1")["version"]
+    assert versions(store, "scan_1") == [committed]  # the failed version is gone
+    assert versions(store, "scan_9") == []
+
+
+def versions(store, key, asset="ct/windows"):
+    names = store.backend.list_dir(store.path(asset, key))
+    return sorted(n for n in names if version_time(n) is not None)
 
 
 def test_force_rewrite_replaces_arrays_and_attrs(store):
@@ -81,7 +95,21 @@ def test_force_rewrite_replaces_arrays_and_attrs(store):
         w.write("lung", np.ones((5, 5, 5), dtype=np.float16))
     group = store.open_partition("ct/windows", "scan_1")
     assert group.attrs["source"] == "new" and sorted(group.array_keys()) == ["lung"]
-    assert store.commit_record("ct/windows", "scan_1")["arrays"]["lung"]["shape"] == [5, 5, 5]
+    record = store.commit_record("ct/windows", "scan_1")
+    assert record["arrays"]["lung"]["shape"] == [5, 5, 5]
+    assert versions(store, "scan_1") == [record["version"]]  # the replaced version is removed
+
+
+def test_a_reader_pinned_to_a_replaced_version_fails_loudly(store):
+    write(store, "scan_1", 0.5)
+    old = store.commit_record("ct/windows", "scan_1")["version"]
+    pinned = store.chunked("ct/windows", "scan_1", "lung", old)
+    write(store, "scan_1", 0.25)
+    with pytest.raises(StoreError, match="removed while being read"):
+        pinned.read()  # its chunks are gone: never silently the fill value
+    with pytest.raises(StoreError, match="rebuilt after the manifest"):
+        store.open_partition("ct/windows", "scan_1", old)
+    np.testing.assert_array_equal(store.read_array("ct/windows", "scan_1", "lung"), 0.25)
 
 
 CRASH = """
@@ -101,10 +129,90 @@ def test_a_crashed_writer_leaves_no_partition(tmp_path):
     assert proc.returncode == 9
     assert store.list_partitions("ct/windows") == ["scan_1"]
     assert not store.has_partition("ct/windows", "scan_2")
-    staging = tmp_path / "s.zarr" / ".zarrfeed" / "staging"
-    assert len(os.listdir(staging)) == 1  # the debris stays out of sight …
-    assert store.clean_staging(older_than_s=0) == 1  # … until cleaned
-    assert os.listdir(staging) == []
+    assert len(versions(store, "scan_2")) == 1  # the debris is named by no record …
+    assert store.collect_garbage() == 0  # … and kept while a writer could still be at work
+    assert store.collect_garbage(older_than_s=0) == 1  # … then collected
+    assert versions(store, "scan_2") == [] and len(versions(store, "scan_1")) == 1
+
+
+CALLS = ("put_many", "write_atomic", "remove", "remove_tree")
+
+
+def trace_commit(store, value, cls=LocalBackend):
+    """The backend calls (of backend class ``cls``) that rewriting scan_1 makes, in order."""
+    seen = []
+    originals = {name: getattr(cls, name) for name in CALLS}
+
+    def spy(name):
+        def call(self, *args, **kwargs):
+            seen.append(name)
+            return originals[name](self, *args, **kwargs)
+
+        return call
+
+    try:
+        for name in CALLS:
+            setattr(cls, name, spy(name))
+        write(store, "scan_1", value)
+    finally:
+        for name, fn in originals.items():
+            setattr(cls, name, fn)
+    return seen
+
+
+def die_at(cls, index: int, after: bool) -> None:
+    """Make this process die just before (or after) its backend call ``index``: no clean-up,
+    no exception handling.  For a child process only."""
+    count = [0]
+    originals = {name: getattr(cls, name) for name in CALLS}
+
+    def dying(name):
+        def call(self, *args, **kwargs):
+            hit = count[0] == index
+            count[0] += 1
+            if hit and not after:
+                os._exit(9)
+            result = originals[name](self, *args, **kwargs)
+            if hit:
+                os._exit(9)
+            return result
+
+        return call
+
+    for name in CALLS:
+        setattr(cls, name, dying(name))
+
+
+def test_a_commit_killed_at_any_step_leaves_the_old_or_the_new_version_whole(tmp_path):
+    store = ZarrStore(tmp_path / "s.zarr")
+    write(store, "scan_1", 0.5)
+    steps = trace_commit(ZarrStore(tmp_path / "probe.zarr"), 0.25)
+    assert "write_atomic" in steps and steps.count("put_many") >= 2
+    outcomes = set()
+    for index in range(len(steps)):
+        for after in (False, True):
+            pid = os.fork()
+            if pid == 0:  # the writer: dies just before (or after) backend call ``index``
+                die_at(LocalBackend, index, after)
+                write(ZarrStore(store.url), "scan_1", 0.25 if index % 2 else 0.75)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 9, (index, after)
+            outcomes.add(old_or_new_whole(ZarrStore(store.url), (index, after)))
+    assert outcomes == {False, True}  # some crashes kept the old version, later ones the new
+
+
+def old_or_new_whole(reader, where) -> bool:
+    """Check that scan_1 (first 0.5) is whole after a crash — one value, every row — and that
+    collecting garbage leaves its committed version alone; returns whether it is the new one."""
+    value = np.unique(reader.read_array("ct/windows", "scan_1", "lung"))
+    coords = reader.read_array("ct/windows", "scan_1", "coords")
+    assert len(value) == 1 and value[0] in (0.5, 0.25, 0.75), (where, value)
+    np.testing.assert_array_equal(coords.ravel(), np.arange(300))
+    reader.collect_garbage(older_than_s=0)
+    record = reader.commit_record("ct/windows", "scan_1")
+    assert versions(reader, "scan_1") == [record["version"]], where
+    return float(value[0]) != 0.5
 
 
 @pytest.mark.parametrize(
@@ -168,21 +276,27 @@ def test_chunk_io_equals_zarr(tmp_path, shape, dtype, chunks, shards):
             compressors=compressors_for(dtype), fill_value=0,
         )  # fmt: skip
 
+    backend = LocalBackend(tmp_path)
     create("zarr.zarr")[...] = data
-    write_from(create("ours.zarr"), data, threads=3)
+    ours = str(tmp_path / "ours.zarr")
+    write_from(create("ours.zarr"), data, lambda coded: backend.put_many(ours, coded), threads=3)
     files = {}
     for name in ("zarr.zarr", "ours.zarr"):
         files[name] = sorted(p.relative_to(tmp_path / name) for p in (tmp_path / name).rglob("*"))
         np.testing.assert_array_equal(zarr.open_array(tmp_path / name, mode="r")[...], data)
     assert files["ours.zarr"] == files["zarr.zarr"]  # same chunks written, same fills skipped
     arr = zarr.open_array(tmp_path / "zarr.zarr", mode="r")
-    assert (_direct_layout(arr) is None) == (shards is not None)  # which reader ran
+    folder = str(tmp_path / "zarr.zarr")
+    chunked = ChunkedArray(arr, backend, folder, f"{folder}/zarr.json")
+    assert (BloscLayout.of(arr) is None) == (shards is not None)  # which reader ran
     for threads in (1, 3):
-        np.testing.assert_array_equal(read_array(arr, threads=threads), data)
+        np.testing.assert_array_equal(chunked.read(threads=threads), data)
+    region = tuple(slice(n // 3, n - 1) for n in shape)
+    np.testing.assert_array_equal(chunked.read(region), data[region])
     with pytest.raises(ValueError, match="C-contiguous"):
-        read_into(arr, np.empty(shape, dtype).T)
+        chunked.read_into(np.empty(shape, dtype).T)
     with pytest.raises(ValueError, match="write_from: expected"):
-        write_from(arr, data.astype("float64"))
+        write_from(arr, data.astype("float64"), None)
 
 
 def test_read_into_names_a_corrupt_chunk(tmp_path):
@@ -190,5 +304,9 @@ def test_read_into_names_a_corrupt_chunk(tmp_path):
                             compressors=compressors_for("int16"))  # fmt: skip
     arr[...] = np.arange(64, dtype="int16").reshape(8, 8)
     (tmp_path / "a.zarr" / "c" / "1" / "0").write_bytes(b"not blosc at all, truncated")
+    folder = str(tmp_path / "a.zarr")
+    chunked = ChunkedArray(
+        zarr.open_array(folder, mode="r"), LocalBackend(tmp_path), folder, f"{folder}/zarr.json"
+    )
     with pytest.raises(StoreError, match=r"a\.zarr/c/1/0: chunk does not decode"):
-        read_array(zarr.open_array(tmp_path / "a.zarr", mode="r"))
+        chunked.read()

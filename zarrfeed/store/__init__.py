@@ -1,12 +1,17 @@
 """The Zarr data contract: layout, codecs, atomic partition commits, manifests, keys."""
 
-from zarrfeed.store.chunkio import read_array, read_into, write_from
+from zarrfeed.store.backends import Backend, LocalBackend, ObjectBackend, open_backend
+from zarrfeed.store.chunkio import ChunkedArray
 from zarrfeed.store.codecs import chunks_for, compressors_for
 from zarrfeed.store.keys import check_asset, check_key, sanitise_key
 from zarrfeed.store.provenance import file_sha256, provenance
 from zarrfeed.store.zarrstore import PartitionWriter, ZarrStore
 
 __all__ = [
+    "Backend",
+    "ChunkedArray",
+    "LocalBackend",
+    "ObjectBackend",
     "PartitionWriter",
     "ZarrStore",
     "check_asset",
@@ -14,9 +19,7 @@ __all__ = [
     "chunks_for",
     "compressors_for",
     "file_sha256",
+    "open_backend",
     "provenance",
-    "read_array",
-    "read_into",
     "sanitise_key",
-    "write_from",
 ]

@@ -1,14 +1,17 @@
-"""Whole-array reads and writes that code chunks in parallel threads, without zarr's per-chunk
-Python.
+"""Chunk reads and writes that code chunks in parallel threads, without zarr's per-chunk Python.
 
 zarr-python 3.1 spends about 0.5 ms of Python per chunk on top of the codec, so a whole 64³-
 chunked CT volume decodes at ~0.65 GB/s on one core however many threads it is given (and
 encodes slower), while Blosc-LZ4 decodes at 3–4 GB/s and releases the GIL
-(``shared/notes/limits.md``).  For the layout this store writes — a local folder, no sharding,
-``bytes`` + ``blosc`` codecs — :func:`read_into` and :func:`write_from` read or write each
-chunk file themselves and call numcodecs' Blosc from a thread pool: a volume decodes at
-1.75 GB/s with 2 threads.  zarr still creates the array and its metadata, and any other array
-(sharded, remote, other codecs, Zarr v2) goes through zarr's own reader and writer.
+(``shared/notes/limits.md``).  For the layout this store writes — Zarr v3, no sharding,
+``bytes`` + ``blosc`` codecs — :class:`ChunkedArray` fetches chunk objects through the store's
+backend (many at once: files in threads, object-store GETs concurrently) and calls numcodecs'
+Blosc from a thread pool.  zarr still creates every array and its metadata, and any other
+array (sharded, other codecs, Zarr v2) goes through zarr's own reader and writer.
+
+A missing chunk object is a chunk of fill values (zarr skips writing those) — unless the
+version it belongs to is being removed: every read checks the version's *guard* object, which
+removal deletes first, so a reader racing a rebuild fails loudly instead of returning fills.
 """
 
 from __future__ import annotations
@@ -17,18 +20,19 @@ import itertools
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import zarr
 from numcodecs import blosc
 from zarr.codecs import BloscCodec, BytesCodec
-from zarr.core.buffer.cpu import NDBuffer
-from zarr.storage import LocalStore
 
 from zarrfeed.errors import StoreError
+from zarrfeed.store.backends import Backend
+
+Region = tuple[slice, ...]
 
 
 def usable_threads() -> int:
@@ -38,111 +42,279 @@ def usable_threads() -> int:
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
 
 
-def _direct_layout(array: zarr.Array) -> Path | None:
-    """The array's folder when its chunks are plain Blosc files this module can decode."""
-    meta = array.metadata
-    if meta.zarr_format != 3 or not isinstance(array.store, LocalStore):
-        return None
-    codecs = meta.codecs
-    if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec):
-        return None
-    if not isinstance(codecs[1], BloscCodec) or not array.dtype.isnative:
-        return None
-    endian = codecs[0].endian
-    if endian is not None and endian.value != sys.byteorder:
-        return None
-    return Path(array.store.root) / array.path
+@dataclass(frozen=True)
+class BloscLayout:
+    """The chunk grid and codec of an array whose chunks are plain Blosc objects."""
 
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype
+    fill: object
+    cname: bytes
+    clevel: int
+    shuffle: int
+    blocksize: int
+    encode_key: Callable[[tuple[int, ...]], str]
 
-def read_into(array: zarr.Array, out: np.ndarray, threads: int | None = None) -> np.ndarray:
-    """Decode all of ``array`` into ``out`` (C-contiguous, same shape and dtype); returns it.
-
-    A missing chunk file is a chunk of fill values (zarr skips writing those); a chunk that
-    fails to decode raises :class:`StoreError` naming its file.
-    """
-    if out.shape != array.shape or out.dtype != array.dtype or not out.flags.c_contiguous:
-        raise ValueError(
-            f"read_into: expected a C-contiguous {array.dtype} {array.shape} buffer, "
-            f"found {out.dtype} {out.shape}"
+    @classmethod
+    def of(cls, array: zarr.Array) -> BloscLayout | None:
+        """The layout, or None when the array needs zarr's own codec pipeline."""
+        meta = array.metadata
+        if meta.zarr_format != 3:
+            return None
+        codecs = meta.codecs
+        if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec):
+            return None
+        if not isinstance(codecs[1], BloscCodec) or not array.dtype.isnative:
+            return None
+        endian = codecs[0].endian
+        if endian is not None and endian.value != sys.byteorder:
+            return None
+        codec = codecs[1]
+        return cls(
+            shape=tuple(array.shape),
+            chunks=tuple(meta.chunk_grid.chunk_shape),
+            dtype=np.dtype(array.dtype),
+            fill=array.fill_value,
+            cname=codec.cname.value.encode(),
+            clevel=codec.clevel,
+            shuffle=_SHUFFLE[codec.shuffle.value],
+            blocksize=codec.blocksize,
+            encode_key=meta.chunk_key_encoding.encode_chunk_key,
         )
-    folder = _direct_layout(array)
-    if folder is None:
-        array.get_basic_selection(Ellipsis, out=NDBuffer.from_numpy_array(out))
-        return out
-    meta = array.metadata
-    chunks = tuple(meta.chunk_grid.chunk_shape)
-    encode = meta.chunk_key_encoding.encode_chunk_key
-    fill = array.fill_value
-    scratch = threading.local()
 
-    def one(coords: tuple[int, ...]) -> None:
-        edges = zip(coords, chunks, array.shape, strict=True)
-        region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in edges)
-        path = folder / encode(coords)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            out[region] = fill
-            return
-        target = out[region]
-        try:
-            if target.shape == chunks and target.flags.c_contiguous:
-                blosc.decompress(data, target)  # whole rows of the array: no copy
+    def grid(self) -> tuple[int, ...]:
+        return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks, strict=True))
+
+    def all_chunks(self) -> Iterator[tuple[int, ...]]:
+        return itertools.product(*(range(g) for g in self.grid()))
+
+    def region(self, coords: tuple[int, ...]) -> Region:
+        """The part of the array chunk ``coords`` covers (clipped at the edges)."""
+        edges = zip(coords, self.chunks, self.shape, strict=True)
+        return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in edges)
+
+    def chunks_of(self, region: Region) -> Iterator[tuple[int, ...]]:
+        """Coordinates of the chunks that ``region`` (slices with steps of 1) overlaps."""
+        spans = [
+            range(s.start // c, -(-s.stop // c)) for s, c in zip(region, self.chunks, strict=True)
+        ]
+        return itertools.product(*spans)
+
+
+def normalise_region(region: Region | None, shape: tuple[int, ...]) -> Region:
+    """``region`` as one ``slice(start, stop)`` per axis, inside ``shape``."""
+    if region is None:
+        return tuple(slice(0, n) for n in shape)
+    if len(region) != len(shape):
+        raise ValueError(f"region {region} has {len(region)} axes, the array {len(shape)}")
+    out = []
+    for s, n in zip(region, shape, strict=True):
+        start, stop, step = s.indices(n)
+        if step != 1 or stop < start:
+            raise ValueError(f"region {region}: only contiguous slices are supported")
+        out.append(slice(start, stop))
+    return tuple(out)
+
+
+class ChunkedArray:
+    """One committed array, read chunk by chunk through the store's backend.
+
+    ``guard`` is an object whose existence proves the array's version is still committed
+    (the version group's ``zarr.json``).  Built by :meth:`ZarrStore.chunked`.
+    """
+
+    def __init__(self, array: zarr.Array, backend: Backend, folder: str, guard: str) -> None:
+        self.array, self.backend, self.folder, self.guard = array, backend, folder, guard
+        self.layout = BloscLayout.of(array)
+        self.shape: tuple[int, ...] = tuple(array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.chunks: tuple[int, ...] = tuple(array.chunks)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def _check_alive(self) -> None:
+        if not self.backend.exists(self.guard):
+            raise StoreError(
+                f"{self.folder}: this version was removed while being read (the partition was "
+                "rebuilt or deleted); open it again"
+            )
+
+    def fetch(self, coords: Sequence[tuple[int, ...]], threads: int | None = None) -> list:
+        """Encoded bytes of chunks ``coords`` (None for chunks never written)."""
+        assert self.layout is not None
+        paths = [f"{self.folder}/{self.layout.encode_key(c)}" for c in coords]
+        found = self.backend.read_many(paths, threads or usable_threads())
+        if any(b is None for b in found):
+            self._check_alive()
+        return found
+
+    def read_into(self, out: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """Decode all of the array into ``out`` (C-contiguous, same shape and dtype)."""
+        if out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"read_into: expected a C-contiguous {self.dtype} {self.shape} buffer, "
+                f"found {out.dtype} {out.shape}"
+            )
+        return self.read_region_into(None, out, threads)
+
+    def read(self, region: Region | None = None, threads: int | None = None) -> np.ndarray:
+        """The array (or ``region`` of it) as a new numpy array."""
+        region = normalise_region(region, self.shape)
+        out = np.empty(tuple(s.stop - s.start for s in region), self.dtype)
+        return self.read_region_into(region, out, threads)
+
+    def read_region_into(
+        self, region: Region | None, out: np.ndarray, threads: int | None = None
+    ) -> np.ndarray:
+        """Decode ``region`` of the array into ``out``: only the chunks it overlaps."""
+        region = normalise_region(region, self.shape)
+        if self.layout is None:  # zarr's own codec pipeline
+            out[...] = self.array.get_basic_selection(region)
+            self._check_alive()
+            return out
+        layout = self.layout
+        coords = list(layout.chunks_of(region))
+        scratch = threading.local()
+
+        def decode(c: tuple[int, ...], data: bytes | None) -> None:
+            src = layout.region(c)
+            inter = [
+                slice(max(a.start, b.start), min(a.stop, b.stop))
+                for a, b in zip(src, region, strict=True)
+            ]
+            dst = tuple(
+                slice(i.start - r.start, i.stop - r.start)
+                for i, r in zip(inter, region, strict=True)
+            )
+            target = out[dst]
+            if data is None:
+                target[...] = layout.fill
+                return
+            whole = all(i == s for i, s in zip(inter, src, strict=True))
+            if whole and target.shape == layout.chunks and target.flags.c_contiguous:
+                self._decode(c, data, target)  # straight into the caller's buffer
                 return
             buf = getattr(scratch, "buf", None)
             if buf is None:
-                buf = scratch.buf = np.empty(chunks, out.dtype)
-            blosc.decompress(data, buf)
+                buf = scratch.buf = np.empty(layout.chunks, self.dtype)
+            self._decode(c, data, buf)
+            target[...] = buf[tuple(slice(i.start - s.start, i.stop - s.start)
+                                    for i, s in zip(inter, src, strict=True))]  # fmt: skip
+
+        _fan_out(coords, self.fetch, decode, threads)
+        return out
+
+    def read_chunks_into(
+        self, coords: Sequence[tuple[int, ...]], outs: Sequence[np.ndarray], threads: int = 1
+    ) -> None:
+        """Decode whole chunks into chunk-shaped buffers (edge chunks keep their padding),
+        the unit of the training cache."""
+        if self.layout is None:
+            for c, out in zip(coords, outs, strict=True):
+                region = tuple(
+                    slice(i * n, min((i + 1) * n, s))
+                    for i, n, s in zip(c, self.chunks, self.shape, strict=True)
+                )
+                out[...] = self.array.fill_value
+                part = tuple(slice(0, r.stop - r.start) for r in region)
+                out[part] = self.read(region)
+            return
+        fill = self.layout.fill
+        lookup = dict(zip(coords, outs, strict=True))
+
+        def decode(c: tuple[int, ...], data: bytes | None) -> None:
+            if data is None:
+                lookup[c][...] = fill
+            else:
+                self._decode(c, data, lookup[c])
+
+        _fan_out(list(coords), self.fetch, decode, threads)
+
+    def _decode(self, coords: tuple[int, ...], data: bytes, target: np.ndarray) -> None:
+        try:
+            blosc.decompress(data, target)
         except (RuntimeError, ValueError) as exc:
+            path = f"{self.folder}/{self.layout.encode_key(coords)}"  # type: ignore[union-attr]
             raise StoreError(f"{path}: chunk does not decode as Blosc ({exc})") from exc
-        target[...] = buf[tuple(slice(0, s.stop - s.start) for s in region)]
-
-    _each_chunk(array.shape, chunks, one, threads)
-    return out
 
 
-def write_from(array: zarr.Array, data: np.ndarray, threads: int | None = None) -> None:
+def _fan_out(
+    coords: list[tuple[int, ...]],
+    fetch: Callable[[Sequence[tuple[int, ...]]], list],
+    decode: Callable[[tuple[int, ...], bytes | None], None],
+    threads: int | None,
+    batch: int = 64,
+) -> None:
+    """Fetch chunks in batches and decode them in ``threads`` threads (Blosc releases the GIL);
+    a batch bounds the encoded bytes held at once."""
+    workers = max(1, min(threads or usable_threads(), 8))
+    for start in range(0, len(coords), batch):
+        part = coords[start : start + batch]
+        found = fetch(part, workers)
+        if workers == 1 or len(part) == 1:
+            for c, data in zip(part, found, strict=True):
+                decode(c, data)
+            continue
+        with ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks") as pool:
+            list(pool.map(decode, part, found))
+
+
+def write_from(
+    array: zarr.Array,
+    data: np.ndarray,
+    put: Callable[[dict[str, bytes]], None] | None,
+    threads: int | None = None,
+) -> None:
     """Write all of ``data`` into the new ``array`` (same shape and dtype).
 
-    Like zarr (``write_empty_chunks=False``), a chunk holding only the fill value is not
-    written.  Chunk files appear one by one, so write only into a partition being staged.
+    ``put`` stores encoded chunks (relative key → bytes) through the backend; None, or an
+    array that needs zarr's own codec pipeline, writes through zarr.  Like zarr
+    (``write_empty_chunks=False``), a chunk holding only the fill value is not written.
+    Chunk objects appear one by one, so write only into a version nobody reads yet.
     """
     if data.shape != array.shape or data.dtype != array.dtype:
         raise ValueError(
             f"write_from: expected {array.dtype} {array.shape}, found {data.dtype} {data.shape}"
         )
-    folder = _direct_layout(array)
-    if folder is None:
+    layout = BloscLayout.of(array)
+    if layout is None or put is None:
         array[...] = data
         return
-    meta = array.metadata
-    chunks = tuple(meta.chunk_grid.chunk_shape)
-    encode = meta.chunk_key_encoding.encode_chunk_key
-    codec = meta.codecs[1]
-    cname, clevel = codec.cname.value.encode(), codec.clevel
-    shuffle, blocksize = _SHUFFLE[codec.shuffle.value], codec.blocksize
-    fill = array.fill_value
     scratch = threading.local()
 
-    def one(coords: tuple[int, ...]) -> None:
-        edges = zip(coords, chunks, array.shape, strict=True)
-        region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in edges)
+    def encode(coords: tuple[int, ...]) -> tuple[str, bytes] | None:
+        region = layout.region(coords)
         block = data[region]
-        if block.shape != chunks or not block.flags.c_contiguous:
+        if block.shape != layout.chunks or not block.flags.c_contiguous:
             buf = getattr(scratch, "buf", None)
             if buf is None:
-                buf = scratch.buf = np.empty(chunks, data.dtype)
-            if block.shape != chunks:  # an edge chunk: zarr pads it with the fill value
-                buf[...] = fill
+                buf = scratch.buf = np.empty(layout.chunks, data.dtype)
+            if block.shape != layout.chunks:  # an edge chunk: zarr pads it with the fill value
+                buf[...] = layout.fill
             buf[tuple(slice(0, s.stop - s.start) for s in region)] = block
             block = buf
-        if _only(block, fill):
-            return
-        path = folder / encode(coords)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(blosc.compress(block, cname, clevel, shuffle, blocksize))
+        if _only(block, layout.fill):
+            return None
+        coded = blosc.compress(block, layout.cname, layout.clevel, layout.shuffle, layout.blocksize)
+        return layout.encode_key(coords), coded
 
-    _each_chunk(array.shape, chunks, one, threads)
+    workers = max(1, min(threads or usable_threads(), 8))
+    for part in _batches(layout.all_chunks(), 64):
+        if workers == 1:
+            coded = [encode(c) for c in part]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks") as pool:
+                coded = list(pool.map(encode, part))
+        put(dict(c for c in coded if c is not None))
+
+
+def _batches(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while part := list(itertools.islice(it, size)):
+        yield part
 
 
 def _only(block: np.ndarray, fill: object) -> bool:
@@ -152,25 +324,3 @@ def _only(block: np.ndarray, fill: object) -> bool:
         bits = np.dtype(f"u{block.dtype.itemsize}")
         return not np.any(block.view(bits) != np.array(fill, block.dtype).view(bits))
     return bool((block == fill).all())
-
-
-def _each_chunk(
-    shape: tuple[int, ...],
-    chunks: tuple[int, ...],
-    fn: Callable[[tuple[int, ...]], None],
-    threads: int | None,
-) -> None:
-    grid = itertools.product(*(range(-(-n // c)) for n, c in zip(shape, chunks, strict=True)))
-    workers = max(1, min(threads or usable_threads(), 8))
-    if workers == 1:
-        for coords in grid:
-            fn(coords)
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks") as pool:
-        for _ in pool.map(fn, grid):
-            pass
-
-
-def read_array(array: zarr.Array, threads: int | None = None) -> np.ndarray:
-    """All of ``array`` as a new numpy array, decoded by :func:`read_into`."""
-    return read_into(array, np.empty(array.shape, array.dtype), threads)

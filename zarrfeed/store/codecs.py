@@ -12,8 +12,9 @@ zstd level 0):
   faster to decode than zstd (0.75 vs 0.5 GB/s).
 
 Chunks follow how training reads: 64³ blocks for patch reads of volumes (0.5 MiB of float16,
-large enough to amortise zarr-python's ~0.5 ms per chunk), whole frames for 2-D and spike
-data, long row blocks for (N, k) tables.  Chunks under 128 KiB are grouped into shards so a
+large enough to amortise zarr-python's ~0.5 ms per chunk), whole frames for 2-D data, one
+sample per chunk for (sample, …) stacks read a few samples at a time, long row blocks for
+(N, k) tables.  Chunks under 128 KiB are grouped into shards so a
 partition stays a handful of files.
 """
 
@@ -24,7 +25,7 @@ from typing import Literal
 import numpy as np
 from zarr.codecs import BloscCodec
 
-Read = Literal["patch", "frame", "rows", "whole"]
+Read = Literal["patch", "frame", "sample", "rows", "whole"]
 Content = Literal["dense", "events"]
 
 PATCH_EDGE = 64
@@ -55,6 +56,8 @@ def chunks_for(
         chunks = (1,) * (len(shape) - len(chunks)) + chunks
     elif read == "frame":
         chunks = (1,) * (len(shape) - 2) + shape[-2:]
+    elif read == "sample":  # one item of the leading axis per chunk (a frame with its channels)
+        chunks = (1, *shape[1:])
     elif read == "rows":
         chunks = (min(ROWS_CHUNK, shape[0]), *shape[1:])
     elif read == "whole":

@@ -1,0 +1,140 @@
+"""The crash that used to block the queue forever, and the recovery the instance must make.
+
+As many runs as the queue has slots are launched and caught mid-step in raw ingest, hashing
+a raw file that is 8 GiB of zeros (sparse: no disk).  Then the machine running the code
+server, its run processes and the workers is lost: all of them are killed with SIGKILL, so
+nothing is left to notice that the runs died.  The supervisor restarts the code server and
+the workers.
+
+Run monitoring must fail the runs within their bound (the ``dagster/max_runtime`` tag plus
+the poll interval), which frees the queue (the nightly store maintenance, submitted while
+the queue is full, starts) and their pool slots; the automatic retry must then complete
+their partitions.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from services import Deployment
+
+HOLD_BYTES = 8 * 2**30
+# The crashed runs' dagster/max_runtime (their retries inherit it): longer than the restart of
+# a code server on a loaded machine, as in production, where it is hours.  A retry attempted
+# while the daemon cannot reach the code location is not attempted again.
+MAX_RUNTIME_S = 40
+LATER_JOB = "store_maintenance"  # one cheap step: what matters is when it starts
+POLL_S = 2  # run_monitoring.poll_interval_seconds in the tests' instances
+SLACK_S = 15  # daemon iteration, event writes, a loaded machine
+
+
+def hold(paths: list[Path], aside: Path) -> Callable[[], None]:
+    """Replace each raw file by a sparse file of zeros; returns what puts the files back."""
+    aside.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        shutil.move(path, aside / path.name)
+        with open(path, "wb") as f:
+            f.truncate(HOLD_BYTES)
+
+    def restore() -> None:
+        for path in paths:
+            path.unlink()
+            shutil.move(aside / path.name, path)
+
+    return restore
+
+
+def step_events(instance: Any, run_id: str, kind: Any) -> list[Any]:
+    return instance.get_records_for_run(run_id, of_type=kind).records
+
+
+def run_record(instance: Any, run_id: str) -> Any:
+    return instance.get_run_record_by_id(run_id)
+
+
+def crash_and_recover(
+    d: Deployment, victims: dict[str, Path], run_config: dict, workers: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """The whole scenario on ``d``; ``victims`` maps partition keys to their raw files (one
+    per run slot).  Returns the measured seconds."""
+    restore = hold(list(victims.values()), d.home.parent / "held")
+    tags = {"dagster/max_runtime": str(MAX_RUNTIME_S)}
+    ids = [d.launch_run("ct_build", key, run_config, tags) for key in victims]
+    with d.instance() as instance:
+
+        def mid_step() -> bool:
+            """Every run started and a step of one running (a Celery worker may hold the next
+            run's task until its step ends: prefetch with early acknowledgement)."""
+            started = all(
+                run_record(instance, i).dagster_run.status == dg.DagsterRunStatus.STARTED
+                for i in ids
+            )
+            return started and any(
+                step_events(instance, i, dg.DagsterEventType.STEP_START) for i in ids
+            )
+
+        d.wait_until(mid_step, 180, "the runs to start and one of their steps to run")
+        old_server = d.code_server_id()
+        killed_at = time.time()
+        for name in ("code_server", *workers):  # the lost machine: runs, steps, workers
+            d.kill(name)
+        d.start_code_server()  # the supervisor brings the machine's services back
+        for name in workers:
+            d.start_worker(name)
+        ends = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
+        ended = [e for i in ids for kind in ends for e in step_events(instance, i, kind)]
+        assert not ended, "a step ended before the kill: the crash did not happen mid-step"
+        restore()
+        d.wait_new_code_server(old_server)
+        d.wait_ready(list(workers))
+        later_id = d.launch_run(LATER_JOB)
+
+        def failed() -> list[Any] | None:
+            records = [run_record(instance, i) for i in ids]
+            return records if all(r.dagster_run.is_finished for r in records) else None
+
+        records = d.wait_until(
+            failed, MAX_RUNTIME_S + 120, "run monitoring to end the crashed runs"
+        )
+        for r in records:
+            assert r.dagster_run.status == dg.DagsterRunStatus.FAILURE, r.dagster_run.status
+            assert r.end_time - r.start_time <= MAX_RUNTIME_S + 2 * POLL_S + SLACK_S, (
+                f"run {r.dagster_run.run_id} failed {r.end_time - r.start_time:.0f}s after it "
+                f"started: beyond its {MAX_RUNTIME_S}s bound"
+            )
+        first_failure = min(r.end_time for r in records)
+
+        later_record = d.wait_until(
+            lambda: (r := run_record(instance, later_id)).dagster_run.is_finished and r,
+            300,
+            "the run launched after the crash",
+        )
+        assert later_record.dagster_run.is_success
+        assert later_record.start_time >= first_failure, "it started while the queue was full"
+
+        def retried() -> list[Any] | None:
+            runs = [
+                instance.get_runs(filters=dg.RunsFilter(tags={"dagster/parent_run_id": i}))
+                for i in ids
+            ]
+            done = all(len(r) == 1 and r[0].is_finished for r in runs)
+            return [r[0] for r in runs] if done else None
+
+        retries = d.wait_until(retried, 300, "the automatic retries of the crashed runs")
+        for retry in retries:
+            assert retry.is_success, (retry.tags["dagster/partition"], retry.status)
+            assert instance.get_run_stats(retry.run_id).steps_failed == 0
+            made = step_events(instance, retry.run_id, dg.DagsterEventType.ASSET_MATERIALIZATION)
+            assert made, "the retry materialised nothing"
+            for event in made:  # a retry from the failed step built what the crash left
+                key = event.event_log_entry.dagster_event.asset_key
+                assert retry.tags["dagster/partition"] in instance.get_materialized_partitions(key)
+    return {
+        "failed_after_start_s": max(r.end_time - r.start_time for r in records),
+        "failed_after_kill_s": max(r.end_time for r in records) - killed_at,
+    }

@@ -1,0 +1,399 @@
+"""Where the store's bytes live: one class per backend behind one small interface.
+
+The store needs a handful of operations from storage — read one object, read many at once,
+publish one object atomically, list a folder, remove a tree — and a Zarr store for the arrays.
+:class:`LocalBackend` serves a folder on a local (or network) disk; :class:`ObjectBackend`
+serves any fsspec filesystem (``s3://``, ``gs://``, ``memory://``).  Everything above this
+module (commits, manifests, chunk reads, the training cache) uses only this interface, so it
+works the same on both.
+
+Paths passed in and returned are full backend paths (``/abs/root/...`` or ``bucket/prefix/...``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fsspec
+import zarr
+from fsspec.implementations.local import LocalFileSystem
+from zarr.storage import FsspecStore, LocalStore
+
+from zarrfeed.errors import StoreError
+
+TEMPORARY = ".tmp"  # suffix of a LocalBackend.write_atomic in progress: <name>.<unix>-<id>.tmp
+
+# Only the endpoint decides which server a URL means; credentials never reach an identity.
+_IDENTITY_OPTIONS = ("endpoint_url",)
+# Options and variables that hold secrets: their values are blanked out of every error text.
+_SECRET_OPTIONS = ("key", "secret", "token", "aws_access_key_id", "aws_secret_access_key",
+                   "aws_session_token")  # fmt: skip
+_SECRET_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# botocore's "standard" retry mode retries 500/502/503/504, throttling (SlowDown) and cut
+# connections with exponential backoff and jitter; s3fs adds its own retries on top for a few
+# errors botocore does not know.  The standard AWS_MAX_ATTEMPTS / AWS_RETRY_MODE variables
+# override the attempts and mode.  A listings cache would let one process miss another's
+# writes (a commit record, a removed guard), so there is none.
+S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {"connect_timeout": 10, "read_timeout": 120},
+    "use_listings_cache": False,
+}
+S3_RETRIES = {"max_attempts": 8, "mode": "standard"}
+T = TypeVar("T")
+
+
+class Backend:
+    """Storage for one store root.  ``url`` names it for people; ``identity`` is what makes
+    its bytes unique on this machine (the resolved path, or the URL plus the endpoint)."""
+
+    root: str
+    url: str
+    identity: str
+    endpoint: str | None = None
+    storage_options: dict[str, Any] = {}  # noqa: RUF012  (read-only class default)
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def location(self, path: str) -> str:
+        """``path`` as a person would name it (a URL on an object store)."""
+        return path
+
+    def failure(self, operation: str, path: str | Sequence[str], exc: BaseException) -> StoreError:
+        """The error for a failed ``operation`` on ``path``, safe to log: it names the
+        object and the server, never a credential."""
+        where = self.location(path) if isinstance(path, str) else f"{len(path)} objects"
+        server = f" at {self.endpoint}" if self.endpoint else ""
+        text = redact(f"{type(exc).__name__}: {exc}", self.storage_options)
+        return StoreError(
+            f"could not {operation} {where} ({text}), retries included: check that the store "
+            f"{self.url}{server} is reachable and allows {operation} with these credentials, "
+            "then rerun the partition"
+        )
+
+    def read(self, path: str) -> bytes:
+        """The whole object; ``FileNotFoundError`` when it does not exist."""
+        raise NotImplementedError
+
+    def read_many(self, paths: Sequence[str], threads: int = 8) -> list[bytes | None]:
+        """Many objects at once (None where one is missing), in the order given."""
+        raise NotImplementedError
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Publish ``data`` at ``path``: readers see the old object or the new one, whole."""
+        raise NotImplementedError
+
+    def put_many(self, folder: str, objects: dict[str, bytes]) -> None:
+        """Write objects (key relative to ``folder`` → bytes) into a folder nobody reads yet."""
+        raise NotImplementedError
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names of the entries directly under ``path`` (empty when it does not exist)."""
+        raise NotImplementedError
+
+    def list_stamps(self, path: str) -> dict[str, tuple[int, str]]:
+        """Name → (size, change stamp) of the objects directly under ``path``; the stamp
+        changes whenever the object is rewritten (mtime locally, ETag on object stores)."""
+        raise NotImplementedError
+
+    def remove(self, path: str) -> None:
+        """Remove one object; a missing one is not an error."""
+        raise NotImplementedError
+
+    def remove_tree(self, path: str) -> None:
+        """Remove everything under ``path``; a missing tree is not an error."""
+        raise NotImplementedError
+
+    def tree_bytes(self, path: str) -> int:
+        """Bytes stored under ``path``."""
+        raise NotImplementedError
+
+    def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
+        raise NotImplementedError
+
+
+class LocalBackend(Backend):
+    """A folder on a disk the OS mounts (local or network)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = os.path.abspath(os.path.expanduser(str(root)))
+        self.url = self.identity = self.root
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def read_many(self, paths: Sequence[str], threads: int = 8) -> list[bytes | None]:
+        def one(path: str) -> bytes | None:
+            try:
+                return self.read(path)
+            except FileNotFoundError:
+                return None
+
+        if len(paths) <= 1 or threads <= 1:
+            return [one(p) for p in paths]
+        # One slice per thread, not one task per path: 200,000 commit records would spend
+        # more in futures and locks than in reading.
+        size = -(-len(paths) // threads)
+        with ThreadPoolExecutor(min(threads, len(paths))) as pool:
+            parts = pool.map(lambda i: [one(p) for p in paths[i : i + size]],
+                             range(0, len(paths), size))  # fmt: skip
+            return [data for part in parts for data in part]
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{int(time.time())}-{uuid.uuid4().hex[:8]}{TEMPORARY}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # the record must not point at data the disk lost
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put_many(self, folder: str, objects: dict[str, bytes]) -> None:
+        for key, data in objects.items():
+            path = os.path.join(folder, key)
+            try:
+                f = open(path, "wb")  # noqa: SIM115
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                f = open(path, "wb")  # noqa: SIM115
+            with f:
+                f.write(data)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            return [e.name for e in os.scandir(path)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def list_stamps(self, path: str) -> dict[str, tuple[int, str]]:
+        out = {}
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(path) as it:
+            for entry in it:
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat()
+                    out[entry.name] = (st.st_size, f"{st.st_mtime_ns}:{st.st_ino}")
+        return out
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def tree_bytes(self, path: str) -> int:
+        total = 0
+        for folder, _, files in os.walk(path):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.stat(os.path.join(folder, name)).st_size
+        return total
+
+    def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
+        return LocalStore(path, read_only=read_only)
+
+
+def _named(operation: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Turn a storage failure that survived the client's retries into a :class:`StoreError`
+    naming the object, the server and what to do — with every credential blanked out."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def call(self: ObjectBackend, path: Any, *args: Any, **kwargs: Any) -> T:
+            try:
+                return fn(self, path, *args, **kwargs)
+            except (FileNotFoundError, StoreError):
+                raise
+            except Exception as exc:
+                raise self.failure(operation, path, exc) from None
+
+        return call
+
+    return wrap
+
+
+class ObjectBackend(Backend):
+    """Any fsspec filesystem: S3-compatible object stores (``s3://``), ``memory://`` …
+
+    There is no rename: a single PUT is the only atomic write, which is all the commit
+    protocol needs (the commit record).  Credentials stay in ``storage_options`` (or the
+    standard environment variables s3fs reads) and never enter ``url``, ``identity`` or an
+    error message.  On ``s3://`` the client retries server errors, throttling and cut
+    connections (:data:`S3_DEFAULTS`, overridable per option); what still fails raises a
+    :class:`StoreError` that names the object.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.storage_options = dict(storage_options or {})
+        self._options = _with_defaults(url, self.storage_options)
+        self.fs, root = fsspec.core.url_to_fs(url, **self._options)
+        if isinstance(self.fs, LocalFileSystem):
+            raise ValueError(f"{url} is a local path: use LocalBackend")
+        self.root = root.rstrip("/")
+        self.url = self.fs.unstrip_protocol(self.root)
+        named = [self.storage_options.get(k) for k in _IDENTITY_OPTIONS]
+        self.endpoint: str | None = next(filter(None, named), None) or _client_endpoint(self.fs)
+        self.identity = f"{self.url}|{self.endpoint}" if self.endpoint else self.url
+
+    def location(self, path: str) -> str:
+        return self.fs.unstrip_protocol(path)
+
+    @_named("read")
+    def read(self, path: str) -> bytes:
+        return self.fs.cat_file(path)
+
+    @_named("read")
+    def read_many(self, paths: Sequence[str], threads: int = 8) -> list[bytes | None]:
+        if not paths:
+            return []
+        found = self.fs.cat(list(paths), on_error="return")
+        out: list[bytes | None] = []
+        for p in paths:
+            value = found.get(p)
+            if isinstance(value, FileNotFoundError) or value is None:
+                out.append(None)
+            elif isinstance(value, BaseException):
+                raise self.failure("read", p, value)
+            else:
+                out.append(value)
+        return out
+
+    @_named("write")
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)  # one PUT: atomic on every S3-compatible server
+
+    @_named("write")
+    def put_many(self, folder: str, objects: dict[str, bytes]) -> None:
+        if objects:  # fsspec sends these concurrently on async filesystems (s3fs)
+            self.fs.pipe({f"{folder}/{k}": v for k, v in objects.items()})
+
+    @_named("read")
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    @_named("list")
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            names = self.fs.ls(path, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return [n.rstrip("/").rsplit("/", 1)[-1] for n in names if n.rstrip("/") != path]
+
+    @_named("list")
+    def list_stamps(self, path: str) -> dict[str, tuple[int, str]]:
+        try:
+            entries = self.fs.ls(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for e in entries:
+            if e.get("type") == "directory":
+                continue
+            stamp = e.get("ETag") or e.get("etag") or e.get("LastModified") or e.get("created")
+            out[e["name"].rstrip("/").rsplit("/", 1)[-1]] = (int(e.get("size") or 0), str(stamp))
+        return out
+
+    @_named("delete")
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+
+    @_named("delete")
+    def remove_tree(self, path: str) -> None:
+        if not hasattr(self.fs, "call_s3"):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=True)
+            return
+        found = self.fs.find(path, withdirs=True, detail=True)
+        files = [p for p, e in found.items() if e["type"] != "directory"]
+        if files:
+            self.fs.rm(files)
+        # Servers with real folders (SeaweedFS) keep empty ones listed after their objects
+        # are gone, and a listed folder would look like a version: delete the folder keys
+        # ("<prefix>/"), deepest first; elsewhere deleting a missing key is a no-op.
+        folders = sorted({p for p, e in found.items() if e["type"] == "directory"} | {path})
+        bucket = path.partition("/")[0]
+        keys = [f"{p.partition('/')[2]}/" for p in reversed(folders) if p.partition("/")[2]]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1000 keys at most
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            self.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": batch})
+
+    @_named("list")
+    def tree_bytes(self, path: str) -> int:
+        try:
+            return int(sum(self.fs.du(path, total=False).values()))
+        except FileNotFoundError:
+            return 0
+
+    def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
+        return FsspecStore.from_url(
+            self.fs.unstrip_protocol(path), storage_options=self._options, read_only=read_only
+        )
+
+
+def _with_defaults(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` over :data:`S3_DEFAULTS` for ``s3://`` URLs (``config_kwargs`` merged key
+    by key, so setting ``retries`` keeps the timeouts)."""
+    if fsspec.core.split_protocol(url)[0] not in ("s3", "s3a"):
+        return dict(options)
+    retries = {
+        "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", S3_RETRIES["max_attempts"])),
+        "mode": os.environ.get("AWS_RETRY_MODE", S3_RETRIES["mode"]),
+    }
+    config = {**S3_DEFAULTS["config_kwargs"], "retries": retries}
+    config |= options.get("config_kwargs", {})
+    return {**S3_DEFAULTS, **options, "config_kwargs": config}
+
+
+def redact(text: str, options: dict[str, Any] | None = None) -> str:
+    """``text`` with every credential value known here (options, ``client_kwargs``, the
+    standard AWS variables) replaced by ``***``."""
+    options = options or {}
+    nested = options.get("client_kwargs") or {}
+    values = [options.get(k) for k in _SECRET_OPTIONS] + [nested.get(k) for k in _SECRET_OPTIONS]
+    values += [os.environ.get(v) for v in _SECRET_VARIABLES]
+    for value in sorted({v for v in values if isinstance(v, str) and len(v) >= 4}, key=len)[::-1]:
+        text = text.replace(value, "***")
+    return text
+
+
+def _client_endpoint(fs: Any) -> str | None:
+    """The endpoint an fsspec filesystem was configured with (s3fs: ``client_kwargs`` or the
+    ``AWS_ENDPOINT_URL*`` variables it reads), so two servers' buckets never share an
+    identity."""
+    kwargs = getattr(fs, "client_kwargs", None) or {}
+    return (
+        getattr(fs, "endpoint_url", None)
+        or kwargs.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+
+
+def open_backend(url: str | Path, storage_options: dict[str, Any] | None = None) -> Backend:
+    """The backend for a folder or an fsspec URL."""
+    text = str(url)
+    if "://" not in text or text.startswith("file://"):
+        return LocalBackend(text.removeprefix("file://"))
+    return ObjectBackend(text, storage_options)
