@@ -1,3 +1,7 @@
+import importlib.util
+import json
+from pathlib import Path
+
 import numpy as np
 import pydicom
 import pytest
@@ -5,7 +9,13 @@ from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut
 
 from zarrfeed.errors import InputError
+from zarrfeed.formats import dicom as dicom_module
 from zarrfeed.formats import (
+    discover_ct,
+    discover_image_sets,
+    discover_spike_sequences,
+    read_array_volume,
+    read_ct,
     read_dicom_series,
     read_image,
     read_nifti,
@@ -14,7 +24,10 @@ from zarrfeed.formats import (
     read_npz,
     write_image,
     write_nifti,
-)  # fmt: skip
+)
+from zarrfeed.samples import ct_phantom, make_ct_sources
+from zarrfeed.transforms import ct
+from zarrfeed.transforms.hu import Rescale, hu_plausibility
 
 
 def test_dicom_series_is_ordered_and_rescaled():
@@ -50,9 +63,10 @@ def test_nifti_round_trip_spacing_and_orientation(tmp_path):
     vol = read_nifti(tmp_path / "v.nii.gz")
     np.testing.assert_array_equal(vol.data, data)
     assert vol.spacing == pytest.approx((2.5, 0.7, 0.8)) and vol.meta["orientation"] == "RAS"
+    assert vol.claims == {}  # nibabel writes (1, 0) for unscaled data: no claim
     write_nifti(tmp_path / "s.nii.gz", data, (1, 1, 1), slope=2.0, intercept=-1024.0)
     scaled = read_nifti(tmp_path / "s.nii.gz")
-    assert (scaled.slope, scaled.intercept) == (2.0, -1024.0)
+    assert scaled.claims == {"nifti_header": Rescale(2.0, -1024.0)}
     np.testing.assert_array_equal(scaled.data, data)  # stored values, scaling kept apart
     import nibabel as nib  # NIfTI-2, gzipped: inflated by igzip, then parsed by nibabel
 
@@ -63,7 +77,7 @@ def test_nifti_round_trip_spacing_and_orientation(tmp_path):
     cut = tmp_path / "cut.nii.gz"  # a truncated download: the header reads, the voxels end
     cut.write_bytes((tmp_path / "big.nii.gz").read_bytes()[:-2000])
     assert read_nifti_header(cut).shape == (40, 40, 40)
-    with pytest.raises(InputError, match=r"cut\.nii\.gz.*unreadable"):
+    with pytest.raises(InputError, match=r"cut\.nii\.gz.*complete gzip stream"):
         read_nifti(cut)
 
 
@@ -114,3 +128,216 @@ def test_images_round_trip(tmp_path, name, dtype):
     (tmp_path / "x.png").write_bytes(b"nope")
     with pytest.raises(InputError, match=r"x\.png"):
         read_image(tmp_path / "x.png")
+
+
+PYDICOM_FILES = Path(get_testdata_file("CT_small.dcm")).parent
+CT5N = PYDICOM_FILES / "dicomdirtests" / "98892001" / "CT5N"
+
+
+def pydicom_data(name: str) -> Path:
+    """A file of the pydicom-data wheel (module ``data_store``), found without importing it."""
+    spec = importlib.util.find_spec("data_store")
+    if spec is None:
+        pytest.fail("pydicom-data is not installed: pip install -e '.[dev]'")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
+
+
+def chest(spacing=(5.0, 0.7, 0.7)) -> np.ndarray:
+    return ct_phantom((12, 48, 48), spacing, (), np.random.default_rng(0))
+
+
+def test_nifti_with_header_only_scaling_gets_true_hu(tmp_path):
+    """Case (b): raw values whose −1024 lives only in scl_inter; no CSV row."""
+    hu = chest()
+    write_nifti(tmp_path / "h.nii.gz", hu + 1024, (5.0, 0.7, 0.7), slope=1.0, intercept=-1024.0)
+    vol = read_nifti(tmp_path / "h.nii.gz")
+    assert vol.data.min() >= 0  # unscaled stored values: read as HU they were 1024 off
+    out, decision = vol.to_hu()
+    assert decision.source == "nifti_header"
+    np.testing.assert_array_equal(out, hu)
+
+
+def test_real_head_slice_padded_with_minus_3024():
+    """693_UNCR (pydicom-data): PixelPaddingValue −2000 stored, −3024 HU outside the FOV."""
+    vol = read_dicom_series(pydicom_data("693_UNCR.dcm"))
+    assert vol.claims == {"dicom": Rescale(1.0, 0.0)} and vol.padding is not None
+    assert vol.padding.mean() == pytest.approx(0.2128, abs=1e-3)
+    assert np.all(vol.data[vol.padding] == -3024)
+    out, decision = vol.to_hu()
+    assert decision.source == "dicom" and decision.evidence["claims"]["dicom"]["verdict"] == "fits"
+    assert out.min() == -1024 and np.all(out[vol.padding] == -1024)
+    np.testing.assert_array_equal(out[~vol.padding], vol.data[~vol.padding])
+    assert hu_plausibility(out, vol.padding)[0]
+
+
+def test_real_padded_series_fills_padding_before_resampling(tmp_path):
+    """Three 693_UNCR slices 5 mm apart: padding marked per slice, air after the rescale."""
+    src = pydicom.dcmread(pydicom_data("693_UNCR.dcm"))
+    z0 = float(src.ImagePositionPatient[2])
+    for i in range(3):
+        src.ImagePositionPatient = [*src.ImagePositionPatient[:2], z0 + 5 * i]
+        src.SOPInstanceUID = f"{src.SOPInstanceUID}.{i}"
+        src.save_as(tmp_path / f"s{i}", enforce_file_format=True)
+    vol = read_dicom_series(tmp_path)
+    assert vol.shape == (3, 512, 512) and vol.spacing[0] == pytest.approx(5.0)
+    assert vol.padding.shape == vol.shape and vol.padding[2].mean() == pytest.approx(0.2128, 1e-3)
+    out, decision = vol.to_hu()
+    assert decision.source == "dicom"
+    spacing = (vol.spacing[0], 0.75, 0.75)
+    raw = ct.resample(vol.data, vol.spacing, spacing)  # −3024 interpolated into the edge
+    filled = ct.resample(out, vol.spacing, spacing)
+    assert raw.min() == -3024 and ((raw > -3024) & (raw < -1100)).sum() > 1000
+    assert filled.min() >= -1024
+
+
+def copy_series(src: Path, dst: Path, edit=None, suffix: str = "") -> list[Path]:
+    """CT5N's slices copied (optionally edited per slice index) into ``dst``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, f in enumerate(sorted(src.iterdir())):
+        ds = pydicom.dcmread(f)
+        if edit:
+            edit(i, ds)
+        ds.save_as(dst / f"{f.name}{suffix}", enforce_file_format=True)
+        out.append(dst / f"{f.name}{suffix}")
+    return out
+
+
+def test_dicom_series_rescale_is_applied_per_slice(tmp_path):
+    def shift(i, ds):  # slice 2 stores values 24 higher with an intercept 24 lower
+        if i == 2:
+            px = ds.pixel_array + 24
+            ds.PixelData, ds.RescaleIntercept = px.astype(px.dtype).tobytes(), -1048
+
+    copy_series(CT5N, tmp_path / "s", shift)
+    np.testing.assert_array_equal(
+        read_dicom_series(tmp_path / "s").data, read_dicom_series(CT5N).data
+    )
+
+
+def test_array_volumes_with_their_spacing(tmp_path):
+    hu = chest()
+    np.save(tmp_path / "raw.npy", (hu + 1024).astype(np.uint16))
+    facts = {"spacing_zyx_mm": [5, 0.7, 0.7], "units": "raw", "slope": 1, "intercept": -1024}
+    (tmp_path / "raw.json").write_text(json.dumps(facts))
+    vol = read_array_volume(tmp_path / "raw.npy")
+    out, decision = vol.to_hu()
+    assert vol.spacing == (5.0, 0.7, 0.7) and decision.source == "sidecar"
+    np.testing.assert_array_equal(out, hu)
+    np.savez_compressed(tmp_path / "v.npz", image=hu, spacing_zyx_mm=np.array([5.0, 0.7, 0.7]))
+    vol = read_array_volume(tmp_path / "v.npz")
+    out, decision = vol.to_hu()
+    assert (vol.claims, decision.source) == ({}, "data")  # no units: the data decides
+    np.testing.assert_array_equal(out, hu)
+    (tmp_path / "v.json").write_text('{"units": "hu", "spacing_zyx_mm": [5.0, 0.7, 0.7]}')
+    assert read_array_volume(tmp_path / "v.npz").to_hu()[1].source == "sidecar"
+
+
+def make_raw_tree(root: Path) -> None:
+    """Every kind of CT item, two CT collisions, and colliding spike sequences and image sets."""
+    hu = chest()
+    for name in ("x y.nii.gz", "x_y.nii.gz", "scan.nii.gz"):
+        (root / "nifti").mkdir(parents=True, exist_ok=True)
+        write_nifti(root / "nifti" / name, hu, (5.0, 0.7, 0.7))
+    copy_series(CT5N, root / "dicom" / "p1" / "CT5N")  # files without suffix, one series
+    copy_series(CT5N, root / "dicom" / "p2", suffix=".dcm")
+
+    def other_series(i, ds):
+        ds.SeriesInstanceUID = "1.2.3"
+
+    copy_series(CT5N, root / "dicom" / "p2", other_series, suffix="b.dcm")
+    (root / "dicom" / "p2" / "broken.dcm").write_bytes(b"\0" * 128 + b"DICM" + b"\x02")
+    (root / "dicom" / "p1" / "CT5N" / "README").write_text("not a slice")
+    np.save(root / "nifti" / "vol.npy", hu)
+    (root / "nifti" / "vol.json").write_text('{"spacing_zyx_mm": [5, 0.7, 0.7], "units": "hu"}')
+    np.savez(root / "nifti" / "scan.npz", volume=hu, spacing_zyx_mm=np.array([5.0, 0.7, 0.7]))
+    for dataset in ("spikes_a", "spikes_b"):
+        seq = root / dataset / "train" / "GOPR01"
+        (seq / "spike").mkdir(parents=True)
+        (root / dataset / "dataset.json").write_text(json.dumps(
+            {"height": 8, "width": 8, "layouts": {"spike": {"layout": "packed", "frames": 1}}}
+        ))  # fmt: skip
+        (seq / "sharp").mkdir()
+        write_image(seq / "sharp" / "000000.png", np.zeros((8, 8, 3), np.uint8))
+    for folder in ("img a", "img_a"):
+        (root / folder).mkdir()
+        write_image(root / folder / "0.png", np.zeros((4, 4), np.uint8))
+
+
+def test_discovery_finds_every_ct_kind_and_isolates_collisions(tmp_path):
+    make_raw_tree(tmp_path)
+    found = discover_ct(tmp_path)
+    kinds = {k: (item.kind, len(item.files)) for k, item in found.items.items()}
+    assert kinds == {
+        "dicom_p1_CT5N": ("dicom", 5),
+        "dicom_p2_1.2.3": ("dicom", 5),
+        f"dicom_p2_{pydicom.dcmread(next(CT5N.iterdir())).SeriesInstanceUID}": ("dicom", 5),
+        "dicom_p2_broken.dcm": ("dicom", 1),
+        "vol": ("npy", 2),  # the array and its sidecar: both are hashed for the data version
+    }
+    assert set(found.collisions) == {"x_y", "scan"}
+    assert found.keys() == sorted([*kinds, "x_y", "scan"])
+    with pytest.raises(InputError, match=r"nifti/x y\.nii\.gz.*key 'x_y'.*nifti/x_y\.nii\.gz"):
+        found.get("x_y")
+    with pytest.raises(InputError, match=r"scan\.nii\.gz.*scan\.npz"):
+        found.get("scan")
+    for key, item in found.items.items():  # every other item reads on its own
+        if key == "dicom_p2_broken.dcm":
+            with pytest.raises(InputError, match=r"broken\.dcm"):
+                read_ct(item)
+            continue
+        vol = read_ct(item)
+        assert vol.to_hu()[1].rescale == Rescale(1.0, 0.0), key
+
+
+def test_spike_and_image_collisions_are_reported_not_dropped(tmp_path):
+    make_raw_tree(tmp_path)
+    spikes = discover_spike_sequences(tmp_path)
+    assert spikes.items == {} and list(spikes.collisions) == ["train_GOPR01"]
+    assert [p.parts[-3] for p in spikes.collisions["train_GOPR01"]] == ["spikes_a", "spikes_b"]
+    images = discover_image_sets(tmp_path)
+    assert list(images.collisions) == ["img_a"] and "img_a" not in images.items
+    with pytest.raises(InputError, match=r"img a.*img_a"):
+        images.get("img_a")
+
+
+def test_discovery_opens_one_file_per_folder_outside_dicom(tmp_path, monkeypatch):
+    """1,000 suffix-less non-DICOM files in 20 folders: one sniff per folder, nothing else."""
+    for i in range(20):
+        folder = tmp_path / f"frames{i}"
+        folder.mkdir()
+        for j in range(50):
+            (folder / f"frame{j:04d}").write_bytes(b"\xff" * 200)
+    copy_series(CT5N, tmp_path / "dicom")
+    opened = []
+    real_open = open
+    monkeypatch.setattr(dicom_module, "open", lambda p, *a: opened.append(p) or real_open(p, *a),
+                        raising=False)  # fmt: skip
+    dicom_module._series_uid.cache_clear()
+    found = discover_ct(tmp_path)
+    assert list(found.items) == ["dicom"] and len(opened) == 20 + 1 + 5
+    opened.clear()
+    assert discover_ct(tmp_path).items == found.items and len(opened) == 20 + 1  # cached
+
+
+def test_sample_sources_of_every_kind_decide_their_hu(tmp_path):
+    """make_ct_sources: a padded raw DICOM series, an HU .npy, a header-scaled NIfTI."""
+    written = list(make_ct_sources(tmp_path / "src", "small", np.random.default_rng(0)))
+    assert len(written) == 40 + 2  # 40 slices, the .npy, the NIfTI
+    found = discover_ct(tmp_path)
+    assert {k: i.kind for k, i in found.items.items()} == {
+        "src_dicom_patient_1_CT": "dicom", "volume_1": "npy", "scaled_1": "nifti",
+    }  # fmt: skip
+    sources = {}
+    for key, item in found.items.items():
+        vol = read_ct(item)
+        out, decision = vol.to_hu()
+        sources[key] = decision.source
+        assert vol.spacing == pytest.approx((5.0, 3.6, 3.6)), key  # NIfTI stores float32
+        assert hu_plausibility(out, vol.padding)[0], key
+        assert out.min() >= -1024, key
+        assert decision.evidence["data_says"] == ("raw" if key == "scaled_1" else "hu"), key
+    assert sources == {"src_dicom_patient_1_CT": "dicom", "volume_1": "sidecar",
+                       "scaled_1": "nifti_header"}  # fmt: skip
+    padded = read_ct(found.items["src_dicom_patient_1_CT"])
+    assert padded.padding is not None and np.all(padded.data[padded.padding] == -3024)

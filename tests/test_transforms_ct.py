@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pydicom
 import pytest
@@ -11,7 +13,7 @@ from zarrfeed.transforms.stats import finite_range
 def test_presets_are_the_radiopaedia_values():
     assert {k: (w.width, w.level) for k, w in ct.WINDOWS.items()} == {
         "lung": (1500, -600), "mediastinum": (350, 50), "abdomen": (400, 50),
-        "liver": (150, 30), "bone": (1800, 400), "brain": (80, 40),
+        "liver": (150, 30), "bone": (1800, 400), "brain": (80, 40), "ct-clip": (2000, 0),
     }  # fmt: skip
     assert ct.get_window("400/40") == ct.Window(400, 40)
     with pytest.raises(ValueError, match="unknown window"):
@@ -36,18 +38,6 @@ def test_window_matches_formula_and_pydicom(name):
     diff = u8.astype(np.int64) - np.rint(formula * 255)
     assert u8.dtype == np.uint8 and np.abs(diff).max() <= 1  # float32 vs float64 at .5 ties
     assert np.mean(diff != 0) < 0.01
-
-
-def test_hu_rescale_and_detection():
-    raw = np.array([[0, 24, 1064]], dtype=np.int16)  # air, air, soft tissue + 1024
-    assert not ct.is_hu(raw)
-    np.testing.assert_array_equal(ct.to_hu(raw, 1.0, -1024.0), [[-1024, -1000, 40]])
-    hu = raw.astype(np.int16) - 1024
-    assert ct.is_hu(hu)  # already HU: applying the intercept again would shift by −1024
-    np.testing.assert_array_equal(ct.to_hu(hu, 1.0, -1024.0), hu)
-    np.testing.assert_array_equal(
-        ct.to_hu(raw, 2.0, -1024.0, already_hu=False), [[-1024, -976, 1104]]
-    )
 
 
 def test_resample_follows_ct_clip_size_rule_and_is_exact_on_a_ramp():
@@ -95,6 +85,20 @@ def test_ct_clip_preset_end_to_end():
     )
     got = ct.crop_or_pad(ref, (240, 480, 480), -1)
     np.testing.assert_allclose(out.astype(np.float32), got, atol=1e-3)
+
+
+def test_ct_clip_is_a_setting_of_the_graph_hu_geometry_and_window():
+    """The graph's ct_hu (HU preset with CT-CLIP's spacing and crop/pad) followed by the
+    ``ct-clip`` window gives CT-CLIP's volume: 2·window − 1 (within float16 and int16
+    rounding)."""
+    rng = np.random.default_rng(2)
+    hu = rng.integers(-1200, 2000, size=(20, 48, 48)).astype(np.float32)
+    spacing, shape = (3.0, 1.5, 1.5), (40, 64, 64)
+    clip = ct.preprocess(hu, spacing, replace(ct.CT_CLIP, shape=shape))
+    graph = replace(ct.HU_ISOTROPIC, spacing=ct.CT_CLIP.spacing, shape=shape)
+    window = ct.apply_window(ct.preprocess(hu, spacing, graph), "ct-clip", "float32")
+    inside = clip > -1  # CT-CLIP pads with -1 (-1000 HU), the graph with -1024 HU
+    np.testing.assert_allclose(2 * window[inside] - 1, clip[inside].astype(np.float32), atol=2e-3)
 
 
 def test_hu_preset_keeps_int16():

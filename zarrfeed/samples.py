@@ -9,6 +9,10 @@
   (``spike/``: 10 frames, one byte per pixel; ``spike_packed/``: bit-packed camera frames).
 * ``inspection/{train,test}/``: 976×176×3 stripe images (target + two reference channels).
 
+:func:`make_ct_sources` writes CT in the other raw forms (a DICOM series, an ``.npy`` volume
+with its sidecar, a NIfTI scaled in its header); :func:`make_sample_data` leaves it out, so
+its output is unchanged.
+
 Everything derives from one seed; running twice gives byte-identical files.
 """
 
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from zarrfeed.formats.dicom import write_dicom_series
 from zarrfeed.formats.images import write_image
 from zarrfeed.formats.nifti import write_nifti
 from zarrfeed.formats.spike import write_dat
@@ -249,6 +254,50 @@ def make_ct_rate(out: Path, count: int, size: str, rng: np.random.Generator) -> 
         _write_csv(
             d / "radiology_text_reports" / f"{long}_reports.csv", REPORT_COLUMNS, reports[split]
         )
+
+
+def make_ct_sources(out: Path, size: str, rng: np.random.Generator) -> Iterator[Path]:
+    """One phantom scan in each other raw form zarrfeed reads: a DICOM series (raw values,
+    intercept −1024, −2000 padding outside the circular field of view), an HU ``.npy``
+    volume with its sidecar, and a raw NIfTI whose −1024 lives only in its header."""
+    shape, spacing = CT_SIZES[size]
+    y, x = np.ogrid[: shape[1], : shape[2]]
+    r = (shape[1] - 1) / 2
+    field = (y - r) ** 2 + (x - (shape[2] - 1) / 2) ** 2 <= r**2
+    raw = ct_phantom(shape, spacing, ("Lung nodule",), rng) + np.int16(1024)
+    yield from write_dicom_series(out / "dicom" / "patient_1" / "CT",
+                                  np.where(field, raw, np.int16(-2000)), spacing,
+                                  padding_value=-2000)  # fmt: skip
+    (out / "arrays").mkdir(parents=True, exist_ok=True)
+    np.save(out / "arrays" / "volume_1.npy", ct_phantom(shape, spacing, ("Emphysema",), rng))
+    sidecar = {"spacing_zyx_mm": list(spacing), "units": "hu"}
+    (out / "arrays" / "volume_1.json").write_text(json.dumps(sidecar) + "\n")
+    yield out / "arrays" / "volume_1.npy"
+    (out / "nifti").mkdir(parents=True, exist_ok=True)
+    raw = ct_phantom(shape, spacing, ("Cardiomegaly",), rng) + np.int16(1024)
+    write_nifti(out / "nifti" / "scaled_1.nii.gz", raw, spacing, slope=1.0, intercept=-1024.0)
+    yield out / "nifti" / "scaled_1.nii.gz"
+
+
+def make_ct_faults(out: Path, size: str, rng: np.random.Generator) -> Iterator[Path]:
+    """Raw CT items that must each fail their own partition, naming their file: an all-air
+    scan (no tissue: HU cannot be decided), two names that sanitise to one key, and a NIfTI
+    header that claims far more voxels than its file holds."""
+    shape, spacing = CT_SIZES[size]
+    (out / "faults").mkdir(parents=True, exist_ok=True)
+    air = np.full(shape, -1000, np.int16) + rng.integers(-20, 20, shape).astype(np.int16)
+    write_nifti(out / "faults" / "all_air.nii.gz", air, spacing)
+    yield out / "faults" / "all_air.nii.gz"
+    scan = ct_phantom(shape, spacing, (), rng)
+    for name in ("twin scan.nii.gz", "twin_scan.nii.gz"):
+        write_nifti(out / "faults" / name, scan, spacing)
+        yield out / "faults" / name
+    hostile = out / "faults" / "hostile.nii"
+    write_nifti(hostile, np.zeros((2, 2, 2), np.int16), (1.0, 1.0, 1.0))
+    header = bytearray(hostile.read_bytes()[:352])
+    header[42:48] = np.array([1200, 1200, 1200], "<i2").tobytes()  # dim[1..3]: 3.4 GB claimed
+    hostile.write_bytes(bytes(header) + bytes(64))
+    yield hostile
 
 
 def _scene(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:

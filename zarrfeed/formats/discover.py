@@ -1,16 +1,50 @@
-"""Finding raw inputs in a folder and the CT-RATE metadata that goes with them."""
+"""Finding raw inputs under a folder, and the CT-RATE metadata that goes with them.
+
+One ``os.scandir`` recursion lists the tree; files are classified by name, and only DICOM
+needs a look inside: one file per folder without ``.dcm`` suffixes is sniffed for ``DICM``
+at byte 128, and in DICOM folders each file's header start is read once (cached by size and
+mtime) for its SeriesInstanceUID.
+
+Every finder returns a :class:`Found`: partition key → item, plus the collisions, keys that
+two or more raw items sanitise to (``x y.nii.gz`` and ``x_y.nii.gz``).  A collision neither
+fails the whole discovery nor drops one item silently: its partition fails alone, naming
+every file (:meth:`Found.get`), and every other item builds.
+
+Keys (``[A-Za-z0-9._-]``, see :func:`zarrfeed.store.keys.sanitise_key`):
+
+* NIfTI and ``.npy``/``.npz`` volumes: the file name without suffix (``train_1_a_1``, the
+  CT-RATE name the metadata CSV joins on);
+* DICOM series: the folder's path under the root (``dicom_patient7_CT``), since series
+  folders are rarely named uniquely; ``_<SeriesInstanceUID>`` is appended when the folder
+  holds several series, ``_<file name>`` for a file whose header cannot be read;
+* spike sequences: the path under their dataset folder; image sets: the folder's path.
+"""
 
 from __future__ import annotations
 
 import csv
+import fnmatch
+import hashlib
 import json
+import os
+import time
+from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, NamedTuple, TypeVar
 
-from zarrfeed.errors import InputError
+from zarrfeed.errors import InputError, InvalidKeyError
+from zarrfeed.formats.ct import CTItem
+from zarrfeed.formats.dicom import DICOM_SUFFIXES, group_series, looks_like_dicom
 from zarrfeed.store.keys import sanitise_key
 
 CT_SUFFIXES = (".nii.gz", ".nii")
+ARRAY_SUFFIXES = (".npy", ".npz")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+SPIKE_FOLDERS = ("spike_packed", "spike")  # preferred first: the camera's own packed stream
+SPIKE_CONFIG = "dataset.json"
+T = TypeVar("T")
 
 
 def ct_stem(path: Path) -> str:
@@ -21,36 +55,231 @@ def ct_stem(path: Path) -> str:
     return path.stem
 
 
-def find_ct_scans(root: str | Path) -> dict[str, Path]:
-    """Partition key → NIfTI file for every CT volume under ``root`` (any nesting).
+@dataclass(frozen=True)
+class Found(Generic[T]):
+    """Partition key → raw item, and the keys several raw items share."""
 
-    Keys are sanitised file stems (``train_1_a_1``); two files with one key are an error that
-    names both, since one would silently shadow the other.
+    root: Path
+    items: dict[str, T]
+    collisions: dict[str, tuple[Path, ...]]
+
+    def keys(self) -> list[str]:
+        """Every partition key, collided ones included (they fail alone when built)."""
+        return sorted({*self.items, *self.collisions})
+
+    def get(self, key: str) -> T:
+        """The item of ``key``; :class:`InputError` naming every file for a collision."""
+        if key in self.collisions:
+            first, *others = self.collisions[key]
+            raise InputError(
+                first,
+                f"a raw item of its own for partition key {key!r}",
+                "the same key for " + ", ".join(map(str, others)) + " (rename one of them)",
+            )
+        if key not in self.items:
+            raise InputError(self.root, f"a raw item for key {key!r}", "none (removed?)")
+        return self.items[key]
+
+
+def _collect(root: Path, found: Iterable[tuple[str, Path, T]]) -> Found[T]:
+    """Group (key, source path, item) triples into items and collisions."""
+    by_key: dict[str, list[tuple[Path, T]]] = {}
+    for key, path, item in found:
+        by_key.setdefault(key, []).append((path, item))
+    items = {k: v[0][1] for k, v in by_key.items() if len(v) == 1}
+    collisions = {k: tuple(sorted(p for p, _ in v)) for k, v in by_key.items() if len(v) > 1}
+    return Found(root, dict(sorted(items.items())), dict(sorted(collisions.items())))
+
+
+class _Listing(NamedTuple):
+    mtime: int
+    folders: list[str]
+    names: list[str]
+    path: Path
+
+
+# Folder → its listing as the last walk in this process saw it.
+_LISTINGS: dict[str, _Listing] = {}
+_SETTLED_NS = 2_000_000_000  # a folder changed less than this ago may change again unseen
+
+
+def walk_tree(root: str | Path) -> dict[Path, list[str]]:
+    """Folder → sorted file names of every folder under ``root``, in path order.  Hidden
+    entries and symlinked folders are skipped (no cycles); a missing root is an empty tree.
+
+    A discovery sensor walks the same 50,000-file tree every tick, so a folder whose mtime
+    (which changes when an entry is added, removed or renamed) is what the last walk in this
+    process saw is not listed again — one ``stat`` instead of a scan — unless it changed
+    too recently for its mtime to be trusted; its names come back as the very same list, so
+    finders may reuse what they derived from it (:func:`discover_ct`).  Paths stay strings
+    until the end: pathlib's parsing and comparisons cost more than the scan at this size.
     """
-    found: dict[str, Path] = {}
-    root = Path(root)
-    if not root.exists():
-        return found
-    for path in sorted(p for p in root.rglob("*") if p.name.endswith(CT_SUFFIXES) and p.is_file()):
-        key = sanitise_key(ct_stem(path))
-        if key in found:
-            raise InputError(path, f"a unique scan name (key {key!r})", f"also {found[key]}")
-        found[key] = path
+    global _LISTINGS
+    seen: dict[str, _Listing] = {}
+    now = time.time_ns()
+    stack = [os.fspath(root)] if os.path.isdir(root) else []
+    while stack:
+        folder = stack.pop()
+        try:
+            mtime = os.stat(folder).st_mtime_ns
+        except FileNotFoundError:
+            continue  # removed while walking
+        listing = _LISTINGS.get(folder)
+        if listing is None or listing.mtime != mtime or now - mtime <= _SETTLED_NS:
+            listing = _Listing(mtime, *_list(folder), Path(folder))
+        seen[folder] = listing
+        stack.extend(listing.folders)
+    _LISTINGS = seen  # folders gone since are forgotten
+    order = sorted(seen, key=lambda f: f.split(os.sep))
+    return {seen[f].path: seen[f].names for f in order}
+
+
+def _list(folder: str) -> tuple[list[str], list[str]]:
+    """(subfolders, sorted file names) of one folder, hidden ones and symlinks left out."""
+    folders, names = [], []
+    with suppress(FileNotFoundError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.path)
+            elif entry.is_file():
+                names.append(entry.name)
+    names.sort()
+    return folders, names
+
+
+def _key(name: str, unique: Path) -> str:
+    """``sanitise_key(name)``, or a digest of ``unique`` when the name has no usable
+    character (``€€.nii.gz``): such a file still gets a partition rather than vanishing."""
+    try:
+        return sanitise_key(name)
+    except InvalidKeyError:
+        return "item-" + hashlib.sha1(str(unique).encode()).hexdigest()[:12]
+
+
+def _folder_key(folder: Path, base: Path) -> str:
+    parts = folder.relative_to(base).parts or (folder.name,)
+    return _key("_".join(parts), folder)
+
+
+def _spike_roots(tree: dict[Path, list[str]]) -> list[Path]:
+    return [folder for folder, names in tree.items() if SPIKE_CONFIG in names]
+
+
+def _under(folder: Path, roots: list[Path]) -> Path | None:
+    """The deepest of ``roots`` that holds ``folder``."""
+    inside = [r for r in roots if folder.is_relative_to(r)]
+    return max(inside, key=lambda r: len(r.parts)) if inside else None
+
+
+def _bare(name: str) -> bool:
+    """No suffix, or a numeric one (``1.2.840.113619.2.55.3.4``): how DICOM slices are
+    often named."""
+    suffix = os.path.splitext(name)[1]
+    return not suffix or suffix[1:].isdigit()
+
+
+def _dicom_items(root: Path, folder: Path, names: list[str]) -> list[tuple[str, Path, CTItem]]:
+    files = [folder / n for n in names if n.lower().endswith(DICOM_SUFFIXES)]
+    bare = [folder / n for n in names if _bare(n)]
+    if bare and looks_like_dicom(bare[0]):
+        files += bare
+    if not files:
+        return []
+    series, broken = group_series(sorted(files))
+    base = _folder_key(folder, root)
+    found = []
+    for uid, paths in sorted(series.items()):
+        key = base if len(series) == 1 else _key(f"{base}_{uid}", folder)
+        found.append((key, folder, CTItem(key, "dicom", folder, tuple(paths), uid)))
+    for path in broken:
+        key = _key(f"{base}_{path.name}", path)
+        found.append((key, path, CTItem(key, "dicom", path, (path,))))
     return found
 
 
-def read_ct_rate_metadata(root: str | Path) -> dict[str, dict[str, str]]:
-    """VolumeName stem → CT-RATE metadata row, from every ``*metadata*.csv`` under ``root``."""
+def discover_ct(root: str | Path, tree: dict[Path, list[str]] | None = None) -> Found[CTItem]:
+    """Every CT item under ``root``: NIfTI files, ``.npy``/``.npz`` volumes (outside spike
+    datasets) and DICOM series; ``tree`` is :func:`walk_tree`'s, when the caller has it."""
+    global _FOUND
+    root = Path(root)
+    tree = walk_tree(root) if tree is None else tree
+    spike_roots = _spike_roots(tree)
+    found: list[tuple[str, Path, CTItem]] = []
+    memo: dict[Path, tuple[list[str], list]] = {}
+    for folder, names in tree.items():
+        known = _FOUND.get(folder)
+        if known is not None and known[0] is names and known[2] == spike_roots:
+            memo[folder] = known  # the same listing (walk_tree): the same items
+            found += known[1]
+            continue
+        items = _ct_files(folder, names, spike_roots)
+        dicom = _dicom_items(root, folder, names)
+        if not dicom:  # DICOM folders are grouped anew: a rewritten slice may move series
+            memo[folder] = (names, items, spike_roots)
+        found += items + dicom
+    _FOUND = memo
+    return _collect(root, found)
+
+
+# Folder → (its names list from walk_tree, its non-DICOM CT items, the spike roots then).
+_FOUND: dict[Path, tuple[list[str], list, list[Path]]] = {}
+
+
+def _ct_files(folder: Path, names: list[str], spike_roots: list[Path]) -> list:
+    """The NIfTI and ``.npy``/``.npz`` items of one folder (arrays in spike datasets are
+    not CT)."""
+    found = []
+    present = set(names)
+    for name in names:
+        path = folder / name
+        if name.endswith(CT_SUFFIXES):
+            key = _key(ct_stem(path), path)
+            found.append((key, path, CTItem(key, "nifti", path)))
+        elif name.endswith(ARRAY_SUFFIXES) and _under(folder, spike_roots) is None:
+            stem, kind = name[:-4], name[-3:]
+            sidecar = f"{stem}.json"
+            files = (path, folder / sidecar) if sidecar in present else ()
+            key = _key(stem, path)
+            found.append((key, path, CTItem(key, kind, path, files)))
+    return found
+
+
+def read_ct_rate_metadata(
+    root: str | Path, tree: dict[Path, list[str]] | None = None
+) -> dict[str, dict[str, str]]:
+    """VolumeName stem → CT-RATE metadata row, from every ``*metadata*.csv`` under ``root``
+    (found in ``tree``, :func:`walk_tree`'s, when the caller has it)."""
+    tree = walk_tree(root) if tree is None else tree
     rows: dict[str, dict[str, str]] = {}
-    for csv_path in sorted(Path(root).rglob("*metadata*.csv")):
-        with open(csv_path, newline="") as f:
-            reader = csv.DictReader(f)
-            if not reader.fieldnames or "VolumeName" not in reader.fieldnames:
-                raise InputError(
-                    csv_path, "a CT-RATE metadata CSV with VolumeName", str(reader.fieldnames)
-                )
-            for row in reader:
-                rows[ct_stem(Path(row["VolumeName"]))] = row
+    for folder, names in tree.items():
+        for name in names:
+            if fnmatch.fnmatchcase(name, "*metadata*.csv"):
+                rows.update(_metadata_rows(folder / name))
+    return rows
+
+
+_PARSED: dict[Path, tuple[tuple[int, int], dict[str, dict[str, str]]]] = {}
+
+
+def _metadata_rows(csv_path: Path) -> dict[str, dict[str, str]]:
+    """The rows of one metadata CSV, parsed again only when its size or mtime changed: a
+    discovery sensor's code server reads the same 50,000-row CSV on every tick."""
+    st = csv_path.stat()
+    stamp = (st.st_size, st.st_mtime_ns)
+    if csv_path in _PARSED and _PARSED[csv_path][0] == stamp:
+        return _PARSED[csv_path][1]
+    rows = {}
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or "VolumeName" not in reader.fieldnames:
+            raise InputError(
+                csv_path, "a CT-RATE metadata CSV with VolumeName", str(reader.fieldnames)
+            )
+        for row in reader:
+            rows[ct_stem(Path(row["VolumeName"]))] = row
+    _PARSED[csv_path] = (stamp, rows)
     return rows
 
 
@@ -95,17 +324,6 @@ def read_ct_rate_reports(root: str | Path) -> dict[str, str]:
     return reports
 
 
-def rescale_from_metadata(row: dict[str, str] | None) -> tuple[float, float]:
-    """(slope, intercept) from a metadata row; (1, 0) when there is none."""
-    if not row:
-        return 1.0, 0.0
-    return float(row.get("RescaleSlope") or 1.0), float(row.get("RescaleIntercept") or 0.0)
-
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
-SPIKE_FOLDERS = ("spike_packed", "spike")  # preferred first: the camera's own packed stream
-
-
 @dataclass(frozen=True)
 class SpikeSequence:
     """One spike sequence folder and the facts its dataset's ``dataset.json`` gives."""
@@ -133,39 +351,11 @@ class SpikeSequence:
         return sorted(p for p in self.folder.rglob("*") if p.is_file())
 
 
-def _relative_key(path: Path, root: Path) -> str:
-    return sanitise_key("_".join(path.relative_to(root).parts))
-
-
-def find_spike_sequences(root: str | Path) -> dict[str, SpikeSequence]:
-    """Partition key → sequence, for every sequence of every spike dataset under ``root``.
-
-    A spike dataset is a folder with a ``dataset.json`` (height, width, per-folder layout and
-    frame count, as the sample generator and SpikeZoo's configs give them); its sequences are
-    the folders below it holding a ``spike_packed/`` or ``spike/`` folder.  The key is the
-    path from the dataset folder (``train_GOPR0372_07_00``).
-    """
-    found: dict[str, SpikeSequence] = {}
-    for config in sorted(Path(root).rglob("dataset.json")) if Path(root).exists() else []:
-        facts = _spike_config(config)
-        for sub in SPIKE_FOLDERS:
-            if sub not in facts["layouts"]:
-                continue
-            for folder in sorted(p.parent for p in config.parent.rglob(sub) if p.is_dir()):
-                key = _relative_key(folder, config.parent)
-                if key in found:
-                    continue  # the folder also has the preferred layout
-                layout = facts["layouts"][sub]
-                found[key] = SpikeSequence(
-                    folder, facts["height"], facts["width"], sub, layout["layout"], layout["frames"]
-                )
-    return found
-
-
 def _spike_config(path: Path) -> dict:
     try:
         facts = json.loads(path.read_text())
-        int(facts["height"]), int(facts["width"])
+        if min(int(facts["height"]), int(facts["width"])) < 1:
+            raise ValueError("height and width must be at least 1")
         for entry in facts["layouts"].values():
             entry["layout"], int(entry["frames"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -177,22 +367,56 @@ def _spike_config(path: Path) -> dict:
     return facts
 
 
-def find_image_sets(root: str | Path) -> dict[str, Path]:
-    """Partition key → folder, for every folder holding images directly.
+def discover_spike_sequences(root: str | Path) -> Found[SpikeSequence]:
+    """Every sequence of every spike dataset under ``root``.
 
-    Folders inside a spike dataset (its ``blur/`` and ``sharp/`` frames) belong to that family
-    and are left out.  The key is the folder's path under ``root`` (``inspection_train``).
+    A spike dataset is a folder with a ``dataset.json`` (height, width, per-folder layout and
+    frame count, as the sample generator and SpikeZoo's configs give them); its sequences are
+    the folders below it holding a ``spike_packed/`` or ``spike/`` folder (the first one its
+    config lists, in that order).  The key is the path from the dataset folder
+    (``train_GOPR0372_07_00``), and a sequence belongs to its nearest dataset folder.
     """
     root = Path(root)
-    if not root.exists():
-        return {}
-    spike_roots = [p.parent for p in root.rglob("dataset.json")]
-    folders = {p.parent for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES}
-    return {
-        _relative_key(f, root): f
-        for f in sorted(folders)
-        if not any(f.is_relative_to(s) for s in spike_roots)
-    }
+    tree = walk_tree(root)
+    spike_roots = _spike_roots(tree)
+    configs = {r: _spike_config(r / SPIKE_CONFIG) for r in spike_roots}
+    chosen: dict[Path, str] = {}
+    rank = SPIKE_FOLDERS.index
+    for folder in tree:
+        parent, dataset = folder.parent, _under(folder.parent, spike_roots)
+        if folder.name not in SPIKE_FOLDERS or dataset is None:
+            continue
+        if folder.name in configs[dataset]["layouts"] and (
+            parent not in chosen or rank(folder.name) < rank(chosen[parent])
+        ):
+            chosen[parent] = folder.name
+    found = []
+    for parent, sub in sorted(chosen.items()):
+        dataset = _under(parent, spike_roots)
+        facts = configs[dataset]
+        layout = facts["layouts"][sub]
+        sequence = SpikeSequence(parent, int(facts["height"]), int(facts["width"]), sub,
+                                 layout["layout"], int(layout["frames"]))  # fmt: skip
+        found.append((_folder_key(parent, dataset), parent, sequence))
+    return _collect(root, found)
+
+
+def discover_image_sets(root: str | Path) -> Found[Path]:
+    """Every folder holding images directly, keyed by its path under ``root``
+    (``inspection_train``).  Folders inside a spike dataset (its ``blur/`` and ``sharp/``
+    frames) belong to that family and are left out."""
+    root = Path(root)
+    tree = walk_tree(root)
+    spike_roots = _spike_roots(tree)
+    return _collect(
+        root,
+        (
+            (_folder_key(folder, root), folder, folder)
+            for folder, names in tree.items()
+            if any(n.lower().endswith(IMAGE_SUFFIXES) for n in names)
+            and _under(folder, spike_roots) is None
+        ),
+    )
 
 
 def image_files(folder: Path) -> list[Path]:

@@ -1,7 +1,15 @@
-"""2-D images: PNG/JPEG through Pillow, TIFF (any dtype, any channels) through tifffile."""
+"""2-D images: PNG/JPEG through Pillow, TIFF (any dtype, any channels) through tifffile.
+
+No image may have more pixels than Pillow's decompression-bomb limit
+(``PIL.Image.MAX_IMAGE_PIXELS``, about 89 million; raise it process-wide for larger real
+images), and an uncompressed TIFF must hold the bytes its tags claim: both are checked from
+the header, before the pixels are decoded.
+"""
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +17,31 @@ import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from zarrfeed.errors import InputError
+from zarrfeed.formats.limits import claimed_bytes, require_bytes
 
 TIFF_SUFFIXES = {".tif", ".tiff"}
+
+
+def _require_pixels(path: Path, pixels: int, shape: tuple[int, ...]) -> None:
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and pixels > limit:
+        raise InputError(
+            path, f"at most {limit} pixels (PIL.Image.MAX_IMAGE_PIXELS)", f"shape {shape}"
+        )
+
+
+def _read_tiff(path: Path) -> np.ndarray:
+    with tifffile.TiffFile(path) as tif:
+        series = tif.series[0]
+        shape, dtype = tuple(series.shape), np.dtype(series.dtype)
+        pixels = math.prod(n for n, a in zip(shape, series.axes, strict=True) if a != "S")
+        _require_pixels(path, pixels, shape)
+        if all(page.compression == 1 for page in series.pages):
+            require_bytes(
+                path, claimed_bytes(shape, dtype.itemsize), path.stat().st_size,
+                f"an uncompressed {shape} {dtype} image",
+            )  # fmt: skip
+        return series.asarray()
 
 
 def read_image(path: str | Path) -> np.ndarray:
@@ -18,9 +49,15 @@ def read_image(path: str | Path) -> np.ndarray:
     path = Path(path)
     try:
         if path.suffix.lower() in TIFF_SUFFIXES:
-            return tifffile.imread(path)
-        with Image.open(path) as im:
-            return np.asarray(im)
+            return _read_tiff(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                return np.asarray(im)
+    except InputError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InputError(path, "at most PIL.Image.MAX_IMAGE_PIXELS pixels", str(exc)) from exc
     except (UnidentifiedImageError, tifffile.TiffFileError, OSError, ValueError) as exc:
         raise InputError(path, "a PNG, JPEG or TIFF image", f"an unreadable file ({exc})") from exc
 

@@ -1,4 +1,12 @@
-"""NIfTI volumes through nibabel, reoriented to a canonical (z, y, x) array."""
+"""NIfTI-1/2 volumes, reoriented to a canonical (z, y, x) array.
+
+nibabel parses the header; the voxels are read here, after the header's claim has been
+checked against the file: an uncompressed file must hold ``vox_offset + voxel bytes``, a
+``.nii.gz`` must be able to inflate to that (deflate expands at most 1032:1) and is then
+inflated into a buffer of exactly that size, so a hostile header never allocates more than
+the file could hold.  The gzip ISIZE footer is not used as a bound: it is the size modulo
+2³² of the last member only, wrong for multi-member (bgzip) files and for volumes over 4 GiB.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +16,104 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 from isal import igzip
+from nibabel.openers import ImageOpener
 
 from zarrfeed.errors import InputError
+from zarrfeed.formats.limits import claimed_bytes, fill, require_bytes, require_inflatable
 from zarrfeed.formats.volume import Volume
+from zarrfeed.transforms.hu import IDENTITY, Rescale
 
 
-def _load(path: Path, whole: bool = False) -> nib.Nifti1Image:
-    """The image; with ``whole`` a ``.nii.gz`` is inflated up front by ISA-L's igzip, about
-    2-3x faster than the zlib stream nibabel reads it through (CT ingest decodes every scan)."""
+@dataclass(frozen=True)
+class _Layout:
+    """The header's facts, checked: voxel shape (x, y, z), dtype, data offset, affine."""
+
+    header: nib.Nifti1Header
+    shape: tuple[int, int, int]
+    dtype: np.dtype
+    offset: int
+    affine: np.ndarray
+    zooms: tuple[float, float, float]
+
+    @property
+    def nbytes(self) -> int:
+        return claimed_bytes(self.shape, self.dtype.itemsize)
+
+    def describe(self) -> str:
+        return f"a {'×'.join(map(str, self.shape))} {self.dtype} volume at offset {self.offset}"
+
+    def ornt(self) -> np.ndarray:
+        return nib.orientations.io_orientation(self.affine)
+
+
+def _read_header(path: Path) -> nib.Nifti1Header:
     try:
-        if whole and path.name.endswith(".gz"):
-            raw = igzip.decompress(path.read_bytes())
-            nifti2 = 540 in (int.from_bytes(raw[:4], "little"), int.from_bytes(raw[:4], "big"))
-            img = (nib.Nifti2Image if nifti2 else nib.Nifti1Image).from_bytes(raw)
-        else:
-            img = nib.load(path)
-    except Exception as exc:  # nibabel raises several unrelated types for bad files
-        raise InputError(path, "a NIfTI-1/2 image", f"an unreadable file ({exc})") from exc
-    if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
-        raise InputError(path, "a NIfTI image", type(img).__name__)
-    if len(img.shape) != 3:
-        raise InputError(path, "a 3-D volume", f"shape {img.shape}")
-    return img
+        with ImageOpener(path) as f:
+            first = f.read(4)
+            f.seek(0)
+            nifti2 = 540 in (int.from_bytes(first, "little"), int.from_bytes(first, "big"))
+            # check=False: nibabel's checks repair headers (a 0 mm voxel becomes 1 mm); the
+            # checks here refuse them instead.
+            klass = nib.Nifti2Header if nifti2 else nib.Nifti1Header
+            header = klass.from_fileobj(f, check=False)
+            header.get_data_dtype()  # an unknown datatype code raises here
+    except Exception as exc:  # nibabel and gzip raise several unrelated types for bad files
+        raise InputError(path, "a NIfTI-1/2 header", f"an unreadable file ({exc})") from exc
+    magic = bytes(header["magic"])[:3]
+    if magic not in (b"n+1", b"n+2"):
+        raise InputError(path, "a single-file NIfTI (magic n+1 or n+2)", f"magic {magic!r}")
+    return header
+
+
+def _layout(path: Path) -> _Layout:
+    """The header, checked for sense and against the file size before any voxel is read."""
+    header = _read_header(path)
+    shape = tuple(int(n) for n in header.get_data_shape())
+    if len(shape) == 4 and shape[3] == 1:
+        shape = shape[:3]  # one time point written as 4-D
+    if len(shape) != 3 or min(shape) < 1:
+        raise InputError(path, "a 3-D volume", f"shape {shape}")
+    dtype = header.get_data_dtype()
+    if dtype.kind not in "iuf" or dtype.fields:
+        raise InputError(path, "integer or float voxels", f"data type {dtype}")
+    zooms = tuple(abs(float(z)) for z in header.get_zooms()[:3])  # the sign is the affine's
+    affine = header.get_best_affine()
+    if not (all(np.isfinite(z) and z > 0 for z in zooms) and np.isfinite(affine).all()):
+        raise InputError(path, "positive voxel sizes and a finite affine", f"pixdim {zooms}")
+    offset = max(header.get_data_offset(), header.single_vox_offset)
+    layout = _Layout(header, shape, dtype, offset, affine, zooms)
+    if np.isnan(layout.ornt()).any():
+        raise InputError(path, "an affine with one image axis per world axis", str(affine))
+    size = path.stat().st_size
+    if path.name.endswith(".gz"):
+        require_inflatable(path, offset + layout.nbytes, size, layout.describe())
+    else:
+        require_bytes(path, offset + layout.nbytes, size, layout.describe())
+    return layout
+
+
+def _inflate(path: Path, size: int) -> np.ndarray:
+    """The first ``size`` bytes of a gzip file, in a buffer of exactly that size."""
+    buf = np.empty(size, dtype=np.uint8)
+    try:
+        with igzip.open(path, "rb") as f:
+            got = fill(f, buf)
+    except (OSError, EOFError) as exc:
+        raise InputError(path, "a complete gzip stream", str(exc)) from exc
+    if got < size:
+        raise InputError(path, f"{size} bytes after inflating", f"the stream ends after {got}")
+    return buf
+
+
+def _voxels(path: Path, layout: _Layout) -> np.ndarray:
+    count = layout.nbytes // layout.dtype.itemsize
+    if path.name.endswith(".gz"):
+        buf = _inflate(path, layout.offset + layout.nbytes)
+        data = np.ndarray(layout.shape, layout.dtype, buf, layout.offset, order="F")
+    else:
+        flat = np.fromfile(path, dtype=layout.dtype, count=count, offset=layout.offset)
+        data = flat.reshape(layout.shape, order="F")
+    return data if data.dtype.isnative else data.astype(data.dtype.newbyteorder("="))
 
 
 @dataclass(frozen=True)
@@ -42,49 +126,58 @@ class NiftiHeader:
 
 
 def read_nifti_header(path: str | Path) -> NiftiHeader:
-    """Shape, spacing, dtype and orientation without decoding the voxels (cheap for .nii.gz)."""
+    """Shape, spacing, dtype and orientation without decoding the voxels (cheap for .nii.gz);
+    the header is checked against the file size like :func:`read_nifti` does."""
     path = Path(path)
-    img = _load(path)
-    ornt = nib.orientations.io_orientation(img.affine)
-    order = ornt[:, 0].argsort()
-    shape = tuple(int(img.shape[int(a)]) for a in order)[::-1]
-    zooms = tuple(float(img.header.get_zooms()[int(a)]) for a in order)[::-1]
+    layout = _layout(path)
+    order = layout.ornt()[:, 0].argsort()
     return NiftiHeader(
-        shape=shape,
-        spacing=zooms,
+        shape=tuple(layout.shape[int(a)] for a in order)[::-1],
+        spacing=tuple(layout.zooms[int(a)] for a in order)[::-1],
         meta={
-            "dtype": str(img.get_data_dtype()),
-            "orientation_on_disk": "".join(nib.aff2axcodes(img.affine)),
+            "dtype": str(layout.dtype),
+            "orientation_on_disk": "".join(nib.aff2axcodes(layout.affine)),
         },
     )
 
 
 def read_nifti(path: str | Path, canonical: bool = True) -> Volume:
-    """Read stored values, header rescale, spacing and orientation of a 3-D NIfTI file.
+    """Stored values, spacing and orientation of a 3-D NIfTI file, with the header's rescale
+    as the ``nifti_header`` claim (see :func:`_scaling_claim`).
 
-    With ``canonical`` the voxel axes are first brought to RAS+ (``as_closest_canonical``)
-    and then transposed to (z, y, x) = (S, A, R), so every scan has the same orientation.
+    With ``canonical`` the voxel axes are first brought to RAS+ and then transposed to
+    (z, y, x) = (S, A, R), so every scan has the same orientation.
     """
     path = Path(path)
-    img = _load(path, whole=True)
-    axcodes = "".join(nib.aff2axcodes(img.affine))
-    slope, intercept = img.dataobj.slope, img.dataobj.inter
-    data = np.asarray(img.dataobj.get_unscaled())
-    affine, zooms = img.affine, img.header.get_zooms()[:3]
+    layout = _layout(path)
+    data, affine, zooms = _voxels(path, layout), layout.affine, layout.zooms
     if canonical:
-        ornt = nib.orientations.io_orientation(img.affine)
+        ornt = layout.ornt()
         data = nib.orientations.apply_orientation(data, ornt)
-        affine = img.affine @ nib.orientations.inv_ornt_aff(ornt, img.shape)
+        affine = affine @ nib.orientations.inv_ornt_aff(ornt, layout.shape)
         zooms = tuple(zooms[int(axis)] for axis in ornt[:, 0].argsort())
     return Volume(
         data=data.transpose(2, 1, 0),
-        spacing=(float(zooms[2]), float(zooms[1]), float(zooms[0])),
+        spacing=(zooms[2], zooms[1], zooms[0]),
         source=str(path),
-        slope=float(slope) if np.isfinite(slope) else 1.0,
-        intercept=float(intercept) if np.isfinite(intercept) else 0.0,
+        claims=_scaling_claim(layout.header),
         affine=affine,
-        meta={"orientation_on_disk": axcodes, "orientation": "".join(nib.aff2axcodes(affine))},
+        meta={
+            "orientation_on_disk": "".join(nib.aff2axcodes(layout.affine)),
+            "orientation": "".join(nib.aff2axcodes(affine)),
+        },
     )
+
+
+def _scaling_claim(header: nib.Nifti1Header) -> dict[str, Rescale]:
+    """``scl_slope``/``scl_inter`` as a claim, when they change values.  Slope 0 or NaN means
+    unset; (1, 0) is what nibabel, ITK and dcm2niix write for unscaled data, so it cannot be
+    read as "these values are HU" and is no claim either."""
+    slope, inter = float(header["scl_slope"]), float(header["scl_inter"])
+    if not np.isfinite(slope) or slope == 0:
+        return {}
+    rescale = Rescale(slope, inter if np.isfinite(inter) else 0.0)
+    return {} if rescale == IDENTITY else {"nifti_header": rescale}
 
 
 def write_nifti(

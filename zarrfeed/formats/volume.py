@@ -6,24 +6,52 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zarrfeed.errors import InputError
+from zarrfeed.transforms import hu
+
 
 @dataclass
 class Volume:
-    """Voxels in (z, y, x) order with their spacing in mm and the facts read from the header.
+    """Stored values in (z, y, x) order, spacing in mm, and the evidence for HU.
 
-    ``data`` holds stored values; ``slope``/``intercept`` turn them into HU
-    (``zarrfeed.transforms.ct.to_hu``).  DICOM readers apply the rescale themselves and set
-    slope 1, intercept 0.
+    ``claims`` holds what the file itself says about its rescale, keyed by source
+    (``dicom``, ``nifti_header``, ``sidecar``; see :mod:`zarrfeed.transforms.hu`);
+    ``padding`` marks voxels the file declares outside the field of view.  Non-finite
+    voxels are refused here, so no reader can hand NaN or Inf on.
     """
 
     data: np.ndarray
     spacing: tuple[float, float, float]
     source: str
-    slope: float = 1.0
-    intercept: float = 0.0
+    claims: dict[str, hu.Rescale] = field(default_factory=dict)
+    padding: np.ndarray | None = None
     affine: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.data.dtype.kind == "f":
+            bad = self.data.size - int(np.count_nonzero(np.isfinite(self.data)))
+            if bad:
+                raise InputError(
+                    self.source, "finite voxel values", f"{bad} NaN/Inf of {self.data.size}"
+                )
+        if not all(np.isfinite(s) and s > 0 for s in self.spacing):
+            raise InputError(self.source, "a positive spacing in mm", str(self.spacing))
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
+
+    def to_hu(
+        self, csv: hu.Rescale | None = None, override: hu.Rescale | hu.Override | None = None
+    ) -> tuple[np.ndarray, hu.HuDecision]:
+        """float32 HU with padding turned to air, and the decision (for provenance).
+
+        ``csv`` is the CT-RATE metadata claim (:func:`zarrfeed.transforms.hu.csv_rescale`),
+        ``override`` the user's per-scan entry; :class:`InputError` when evidence conflicts.
+        """
+        claims = dict(self.claims) if csv is None else {**self.claims, "csv": csv}
+        decision = hu.decide_hu(
+            self.data, self.source, claims, padding=self.padding, override=override
+        )
+        return hu.to_hu(self.data, decision, self.padding), decision

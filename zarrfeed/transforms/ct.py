@@ -1,4 +1,6 @@
-"""CT intensity and geometry transforms: HU, windows, resampling, crop/pad, presets.
+"""CT intensity and geometry transforms: windows, resampling, crop/pad, presets.
+
+HU rescaling lives in :mod:`zarrfeed.transforms.hu`.
 
 Arrays are (z, y, x) and spacings are (z, y, x) in millimetres everywhere in zarrfeed.
 """
@@ -14,10 +16,6 @@ import torch
 import torch.nn.functional as F
 
 Spacing = tuple[float, float, float]
-
-# Any chest CT contains air (−1000 HU); raw stored values with the usual −1024 intercept
-# put air near +24.  A minimum below this threshold means the volume is already in HU.
-HU_DETECTION_THRESHOLD = -500.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,8 @@ WINDOWS: Mapping[str, Window] = {
     "liver": Window(150, 30),
     "bone": Window(1800, 400),
     "brain": Window(80, 40),
+    # CT-CLIP's intensity range (seed 003): [−1000, 1000] HU; its [−1, 1] is 2·window − 1.
+    "ct-clip": Window(2000, 0),
 }
 
 
@@ -66,30 +66,6 @@ def get_window(spec: str | Window) -> Window:
     raise ValueError(
         f"unknown window {spec!r}: use one of {sorted(WINDOWS)} or 'W/L' such as '400/40'"
     )
-
-
-def is_hu(stored: np.ndarray) -> bool:
-    """Whether a CT volume already holds HU (some CT-RATE exports do) rather than raw values."""
-    return float(np.min(stored)) <= HU_DETECTION_THRESHOLD
-
-
-def to_hu(
-    stored: np.ndarray,
-    slope: float = 1.0,
-    intercept: float = 0.0,
-    already_hu: bool | None = None,
-) -> np.ndarray:
-    """HU = stored · slope + intercept, as float32; skipped when the volume is already in HU.
-
-    ``already_hu=None`` decides from the value range (:func:`is_hu`), which protects against
-    applying the rescale twice and shifting every voxel by the intercept.
-    """
-    if already_hu is None:
-        already_hu = is_hu(stored)
-    out = np.asarray(stored, dtype=np.float32)
-    if already_hu or (slope == 1.0 and intercept == 0.0):
-        return out.copy() if out is stored else out
-    return out * np.float32(slope) + np.float32(intercept)
 
 
 def clip(x: np.ndarray, lo: float, hi: float) -> np.ndarray:

@@ -39,6 +39,16 @@ class Defects:
     def __len__(self) -> int:
         return len(self.amplitudes)
 
+    def select(self, keep: np.ndarray) -> Defects:
+        """The defects where ``keep`` (a boolean mask) is true."""
+        return Defects(
+            self.centers[keep],
+            self.sizes[keep],
+            self.sigmas[keep],
+            self.amplitudes[keep],
+            self.in_mask[keep],
+        )
+
 
 def random_defects(
     shape: tuple[int, int],

@@ -1,0 +1,201 @@
+"""Raw items of every source as catalog entries, and back to what their readers take.
+
+A raw folder is scanned by the ``zarrfeed.formats.discover`` finders (one tree walk each)
+and every item is stamped with its size and modification time (a DICOM series or a sequence
+folder: the sum of its files' sizes and the newest mtime), without reading any file.  A CT
+item carries its CT-RATE metadata row's rescale as evidence, so an edited CSV makes exactly
+its scans change.  Hub volumes are items too (``hf://`` locations, the LFS hash as their
+content hash), so every CT source feeds the same partitions and the same graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from zarrfeed.formats.ct import CTItem
+from zarrfeed.formats.discover import (
+    Found,
+    SpikeSequence,
+    discover_ct,
+    discover_image_sets,
+    discover_spike_sequences,
+    image_files,
+    read_ct_rate_metadata,
+    walk_tree,
+)
+from zarrfeed.sources.catalog import RawItem
+from zarrfeed.sources.hub import CTRateHub, HubVolume
+from zarrfeed.store.provenance import file_sha256
+from zarrfeed.transforms.hu import csv_rescale
+
+HF_PREFIX = "hf://datasets/"
+
+
+def raw_origin(root: str | Path) -> str:
+    return f"raw:{os.path.abspath(root)}"
+
+
+def _stat(paths: Iterable[Path]) -> tuple[int, float]:
+    size, mtime = 0, 0.0
+    for p in paths:
+        st = os.stat(p)
+        size, mtime = size + st.st_size, max(mtime, st.st_mtime)
+    return size, mtime
+
+
+def _items(found: Found, origin: str, make: callable, files: callable) -> dict[str, RawItem]:
+    """Catalog entries of ``found``; a collided key is one entry naming every location."""
+    out: dict[str, RawItem] = {}
+    for key, thing in found.items.items():
+        out[key] = make(key, thing, *_stat(files(thing)))
+    for key, paths in found.collisions.items():
+        first, *others = paths
+        out[key] = RawItem(
+            key, "conflict", str(first), origin, 0, 0.0, conflict=tuple(str(p) for p in others)
+        )
+    return out
+
+
+def scan_ct(root: str | Path, metadata: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+    """Key → catalog entry for every CT item under ``root`` (NIfTI, DICOM series,
+    ``.npy``/``.npz`` volumes); ``metadata`` defaults to the CT-RATE CSVs found there."""
+    origin = raw_origin(root)
+    tree = walk_tree(root)  # one walk finds the volumes and the CSVs
+    rows = read_ct_rate_metadata(root, tree) if metadata is None else metadata
+
+    def make(key: str, item: CTItem, size: int, mtime: float) -> RawItem:
+        claim = csv_rescale(rows.get(key))
+        evidence = {"csv": [claim.slope, claim.intercept]} if claim else {}
+        detail = {"files": [str(p) for p in item.files], "series_uid": item.series_uid}
+        return RawItem(key, item.kind, str(item.path), origin, size, mtime, evidence, detail)
+
+    return _items(discover_ct(root, tree), origin, make, lambda item: item.sources())
+
+
+def ct_item(item: RawItem, local: Path | None = None) -> CTItem:
+    """What :func:`zarrfeed.formats.ct.read_ct` reads for a CT entry; ``local`` is where a
+    hub volume was downloaded to."""
+    if is_hub(item):
+        if local is None:
+            raise ValueError(f"{item.location}: download the hub volume first")
+        return CTItem(item.key, "nifti", local)
+    files = tuple(Path(p) for p in item.detail.get("files", ()))
+    return CTItem(item.key, item.kind, Path(item.location), files, item.detail.get("series_uid"))
+
+
+def scan_spike(root: str | Path) -> dict[str, RawItem]:
+    """Key → catalog entry for every spike sequence under ``root``."""
+    origin = raw_origin(root)
+
+    def make(key: str, seq: SpikeSequence, size: int, mtime: float) -> RawItem:
+        # The dataset's dataset.json lies outside the sequence folder: its facts are evidence,
+        # so editing it changes the item (and its partitions' fingerprints).
+        facts = {
+            "height": seq.height,
+            "width": seq.width,
+            "spike_folder": seq.spike_folder,
+            "layout": seq.layout,
+            "frames": seq.frames,
+        }
+        return RawItem(key, "spike", str(seq.folder), origin, size, mtime, evidence=facts)
+
+    return _items(discover_spike_sequences(root), origin, make, lambda s: s.files())
+
+
+def spike_sequence(item: RawItem) -> SpikeSequence:
+    d = item.evidence
+    return SpikeSequence(
+        Path(item.location), d["height"], d["width"], d["spike_folder"], d["layout"], d["frames"]
+    )
+
+
+def scan_images(root: str | Path) -> dict[str, RawItem]:
+    """Key → catalog entry for every image set (a folder of images) under ``root``."""
+    origin = raw_origin(root)
+
+    def make(key: str, folder: Path, size: int, mtime: float) -> RawItem:
+        return RawItem(key, "images", str(folder), origin, size, mtime)
+
+    return _items(discover_image_sets(root), origin, make, image_files)
+
+
+def hub_origin(hub: CTRateHub) -> str:
+    return f"hub:{hub.repo_id}:{hub.split}"
+
+
+def hub_items(
+    hub: CTRateHub,
+    commit: str,
+    volumes: Mapping[str, HubVolume],
+    metadata: Mapping[str, Mapping[str, str]],
+) -> dict[str, RawItem]:
+    """Catalog entries of hub volumes listed at ``commit``: the LFS sha256 is their content
+    hash, and the commit pins the bytes, so the stamp changes only with the listing."""
+    origin = hub_origin(hub)
+    out = {}
+    for key, v in volumes.items():
+        claim = csv_rescale(metadata.get(key))
+        evidence = {"csv": [claim.slope, claim.intercept]} if claim else {}
+        location = f"{HF_PREFIX}{hub.repo_id}@{commit}/{v.path}"
+        item = RawItem(
+            key,
+            "nifti",
+            location,
+            origin,
+            v.size,
+            0.0,
+            evidence,
+            {"repo": hub.repo_id, "commit": commit, "path": v.path},
+        )
+        out[key] = RawItem(
+            **{
+                **item.__dict__,
+                "sha256": v.sha256,
+                "hashed_stamp": item.stamp if v.sha256 else None,
+            }
+        )
+    return out
+
+
+def is_hub(item: RawItem) -> bool:
+    return item.location.startswith(HF_PREFIX)
+
+
+def item_files(item: RawItem) -> list[Path]:
+    """Every local file a raw item reads, in a stable order."""
+    if item.kind == "spike":
+        return spike_sequence(item).files()
+    if item.kind == "images":
+        return image_files(Path(item.location))
+    return list(ct_item(item).sources())
+
+
+def item_sha256(item: RawItem) -> str:
+    """The content hash of a local raw item: of its file, or over the names and hashes of
+    its files (a DICOM series, a sequence or image folder)."""
+    files = item_files(item)
+    if len(files) == 1 and item.kind != "images":
+        return file_sha256(files[0])
+    h = hashlib.sha256()
+    base = Path(item.location)
+    for path in files:
+        name = path.relative_to(base) if path.is_relative_to(base) else path.name
+        h.update(f"{name}\0{file_sha256(path)}\n".encode())
+    return h.hexdigest()
+
+
+def source_identity(item: RawItem, sha256: str) -> dict[str, Any]:
+    """What a first-stage partition's content depends on from its raw item: the bytes and
+    the evidence beside them (the CSV's rescale)."""
+    return {"sha256": sha256, "evidence": item.evidence}
+
+
+def source_version(item: RawItem, sha256: str) -> str:
+    """The raw asset's data version: a digest of :func:`source_identity`."""
+    blob = json.dumps(source_identity(item, sha256), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
