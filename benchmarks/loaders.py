@@ -1,11 +1,12 @@
 """Loader benchmarks: zarrfeed's cached Datasets against the loaders users had before.
 
-Scenario (issue 5): four 240×480×480 float16 volumes, an epoch of 512 random 64³ patches
-(128 per volume), batch 8; 976×176×3 images with 128×128 crops.  Each loader runs at its
-best worker count (1 or 2 on this machine), all in one run, and every ratio compares two
-loaders measured side by side:
+In RAM (issue 5): four 240×480×480 float16 volumes, an epoch of 512 random 64³ patches
+(128 per volume), batch 8; 976×176×3 images with 128×128 crops.  Out of core (issue 12):
+eight such volumes (0.88 GB decoded) through a 0.25 GB cache, an epoch of 1,024 patches.
+Each loader runs at its best worker count (0, 1 or 2 on this machine), all in one run, and
+every ratio compares two loaders measured side by side:
 
-    python benchmarks/loaders.py           # the full scenario (~10 min on 2 cores)
+    python benchmarks/loaders.py           # the full scenario (~12 min on 2 cores)
     python benchmarks/loaders.py --quick   # small volumes (CI smoke run)
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,16 +26,22 @@ from _bench import bench
 from torch.utils.data import DataLoader, Dataset
 
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset
-from zarrfeed.training.datasets import GB
-from zarrfeed.training.loader import _one_thread
+from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
+from zarrfeed.training.data import GB
+from zarrfeed.training.data.shm import clear_caches
 
 PATCH, PER_VOLUME, BATCH = 64, 128, 8
 
 
-def make_volumes(root: Path, shape: tuple[int, int, int], n: int = 4) -> ZarrStore:
+def make_volumes(
+    root: Path,
+    shape: tuple[int, int, int],
+    n: int = 4,
+    name: str = "store.zarr",
+    per_volume: int = PER_VOLUME,
+) -> ZarrStore:
     """A store as the CT assets leave it: windows, patch indexes, manifest, consolidated index."""
-    store = ZarrStore(root / "store.zarr")
+    store = ZarrStore(root / name)
     rng = np.random.default_rng(0)
     keys = [f"vol_{i}" for i in range(n)]
     for key in keys:
@@ -43,11 +51,11 @@ def make_volumes(root: Path, shape: tuple[int, int, int], n: int = 4) -> ZarrSto
         vol = np.clip(vol, 0, 1).astype(np.float16)
         with store.write_partition("ct/windows", key, provenance("bench", None, "1")) as w:
             w.write("lung", vol)
-        origins = np.stack([rng.integers(0, s - PATCH + 1, PER_VOLUME) for s in shape], 1)
+        origins = np.stack([rng.integers(0, s - PATCH + 1, per_volume) for s in shape], 1)
         attrs = provenance("bench", None, "1", patch_shape=[PATCH] * 3)
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
-            w.write("fraction", np.ones(PER_VOLUME, np.float32), read="rows")
+            w.write("fraction", np.ones(per_volume, np.float32), read="rows")
         np.save(root / f"{key}.npy", vol)  # the seed 000 baseline: uncompressed .npy
     store.write_dataset("ct", ["ct/windows", "ct/patches"])
     store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"])
@@ -82,6 +90,10 @@ class ZarrPatches(MmapPatches):
         z, y, x = (int(o) for o in self.origins[i])
         patch = self.arrays[item][z : z + PATCH, y : y + PATCH, x : x + PATCH]
         return {"image": torch.from_numpy(patch)[None], "item": item}
+
+
+def _one_thread(_: int) -> None:
+    torch.set_num_threads(1)  # as zarrfeed's own workers: side by side, one thread each
 
 
 def epoch_rate(dataset: Dataset, workers: int, epochs: int = 1, **kw) -> float:
@@ -129,7 +141,7 @@ def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
     ds = CTPatchDataset(store, window="lung", cache_gb=2.0)
     ds.cache.clear()
     npy = [work / f"{k}.npy" for k in ds.keys]
-    zarrs = [store.path("ct/windows", k) + "/lung" for k in ds.keys]
+    zarrs = [store.version_path("ct/windows", k) + "/lung" for k in ds.keys]
 
     # Cold: an empty cache; the first epoch pays preloading (decode into fresh /dev/shm pages,
     # whose first touch on this VM varies 2x from run to run: best of two, like the rest).
@@ -168,7 +180,114 @@ def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
         f"npy {npy_bytes / 1e6:.0f} MB / store {stored / 1e6:.0f} MB",
     )
     bench("loader.zarrfeed_warm_patches_per_s", warm, "patches/s", f"{ww} workers, 64^3 float16")
+    copies = memcpy_rate()
+    bench(
+        "loader.warm_vs_memcpy",
+        warm / copies,
+        "x",
+        f"warm {warm:.0f} patches/s vs {copies:.0f} memcpys/s of 512 KB on one core (a 64^3 "
+        "float16 patch, copied from anywhere in 256 MB)",
+    )
     monai_torchio(work, ds, npy, warm)
+
+
+def memcpy_rate(seconds: float = 0.5) -> float:
+    """512 KB copies per second on one core from random places of a 256 MB buffer (best of
+    three): the physical limit of cutting patches out of RAM."""
+    src, dst = np.ones(256 << 20, np.uint8), np.empty(512 << 10, np.uint8)
+    starts = np.random.default_rng(0).integers(0, len(src) - len(dst), 4096) // 4096 * 4096
+    best_rate = 0.0
+    for _ in range(3):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for s in starts[n % 4096 : n % 4096 + 64]:
+                np.copyto(dst, src[s : s + len(dst)])
+            n += 64
+        best_rate = max(best_rate, n / (time.perf_counter() - t0))
+    return best_rate
+
+
+def shmem() -> int:
+    """Shared memory the kernel holds on this machine (``Shmem`` in /proc/meminfo), bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def ooc_epoch(store: ZarrStore, budget_gb: float, workers: int) -> tuple[float, int, int]:
+    """One cold epoch through ``make_loader`` (block sampler, fork workers started first):
+    (patches/s, peak rise of Shmem from before the cache existed, bytes decoded)."""
+    base, peak, stop = shmem(), [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], shmem() - base)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    ds = CTPatchDataset(store, window="lung", cache_gb=budget_gb)
+    loader, _ = make_loader(ds, BATCH, workers=workers, context="fork", log=None)
+    next(iter(loader))  # start the workers
+    it = iter(loader)  # the timed epoch: its first batches are already being read
+    ds.cache.clear()  # cold: nothing decoded, statistics at zero
+    t0, n = time.perf_counter(), 0
+    for batch in it:
+        n += len(batch["item"])
+    rate = n / (time.perf_counter() - t0)
+    decoded = ds.cache.stats()["bytes_decoded"]
+    stop.set()
+    sampler.join()
+    del it, loader
+    ds.cache.close()
+    clear_caches([ds.cache.arena.folder.path.name])  # the next run starts without it
+    return rate, peak[0], decoded
+
+
+def out_of_core(
+    work: Path, shape: tuple[int, int, int], budget_gb: float, per_volume: int, repeats: int
+) -> None:
+    """Eight volumes through a cache that holds about a third of them."""
+    store = make_volumes(work, shape, n=8, name="ooc.zarr", per_volume=per_volume)
+    ds = CTPatchDataset(store, window="lung", cache_gb=budget_gb)
+    dataset_bytes, budget = ds.nbytes(), ds.budget_bytes
+    zarrs = [store.version_path("ct/windows", k) + "/lung" for k in ds.keys]
+    zarr_rate, zw = best(
+        lambda: ZarrPatches(zarrs, ds.items, ds.origins), "plain zarr (8 volumes)", repeats
+    )
+    runs = {w: ooc_epoch(store, budget_gb, w) for w in (0, 1, 2)}
+    print(
+        "# zarrfeed out of core: "
+        + ", ".join(
+            f"{w} workers {r:.0f}/s (Shmem +{p / 1e6:.0f} MB, decoded {d / 1e9:.2f} GB)"
+            for w, (r, p, d) in runs.items()
+        ),
+        flush=True,
+    )
+    w = max(runs, key=lambda k: runs[k][0])
+    rate, peak, decoded = runs[w]
+    setting = (
+        f"{len(ds)} patches of 64^3 from 8 volumes {'x'.join(map(str, shape))} float16 "
+        f"({dataset_bytes / 1e9:.2f} GB decoded), {budget / 1e9:.2f} GB cache, {w} workers"
+    )
+    versus = f"zarrfeed {rate:.0f}/s vs per-sample zarr {zarr_rate:.0f}/s ({zw} workers)"
+    bench("loader.ooc_vs_zarr", rate / zarr_rate, "x", f"{versus}; {setting}")
+    worst = max(p for _, p, _ in runs.values()) / budget
+    bench(
+        "loader.ooc_shm_peak_over_budget",
+        peak / budget,
+        "x",
+        f"peak rise of Shmem {peak / 1e6:.0f} MB: cache + batches in flight (worst over "
+        f"worker counts {worst:.2f})",
+    )
+    bench(
+        "loader.ooc_decoded_over_dataset",
+        decoded / dataset_bytes,
+        "x",
+        f"{decoded / 1e9:.2f} GB decoded in the epoch (64^3 units; edge units padded)",
+    )
+    bench("loader.ooc_patches_per_s", rate, "patches/s", setting)
 
 
 def monai_torchio(work: Path, ds: CTPatchDataset, npy: list[Path], warm: float) -> None:
@@ -296,7 +415,7 @@ def pss(work: Path, fill_gb: float) -> None:
 
 
 def pss_child(work: Path, fill_gb: float) -> None:
-    cache = SharedArrayCache(f"pss-{work}", int(fill_gb * GB) + (64 << 20), root=work)
+    cache = SharedArrayCache(f"pss-{work}", int(fill_gb * GB) + (64 << 20))
     keys = [f"block{i}" for i in range(int(fill_gb * 8))]
     for k in keys:  # 128 MiB entries
         cache.get(k, lambda: np.ones(16 << 20, dtype=np.float64))
@@ -326,8 +445,9 @@ def pss_child(work: Path, fill_gb: float) -> None:
 def spike(work: Path) -> None:
     import dagster as dg
 
-    from zarrfeed.assets import dataset_assets, spike_assets
+    from zarrfeed.assets import dataset_assets, family_assets
     from zarrfeed.definitions import RESOURCES
+    from zarrfeed.jobs.discovery import discover_into
     from zarrfeed.resources import RawFolderResource, ZarrStoreResource
     from zarrfeed.samples import make_gopro_spike
 
@@ -340,10 +460,10 @@ def spike(work: Path) -> None:
     }
     (work / "home").mkdir(exist_ok=True)
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        keys = sorted(res["raw"].spike_sequences())
-        instance.add_dynamic_partitions("spike_sequences", keys)
+        keys = discover_into(instance, "spike", res["raw"], res["zarr_store"])
         for k in keys:
-            dg.materialize(spike_assets, partition_key=k, resources=res, instance=instance)
+            assets = family_assets("spike", res)
+            dg.materialize(assets, partition_key=k, resources=res, instance=instance)
         dg.materialize(
             [a for a in dataset_assets if a.key.path[0] == "spike_dataset"],
             resources=res,
@@ -408,6 +528,10 @@ def main() -> None:
     os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
     try:
         ct_loaders(work, (96, 128, 128) if args.quick else (240, 480, 480))
+        if args.quick:  # the same proportions: 75 MB decoded through a 21 MB cache
+            out_of_core(work, (128, 192, 192), 0.02, per_volume=32, repeats=1)
+        else:
+            out_of_core(work, (240, 480, 480), 0.25, per_volume=128, repeats=2)
         pss(work, 0.25 if args.quick else 2.0)
         if not args.quick:
             spike(work)

@@ -22,15 +22,16 @@ import torch
 from _bench import GpuUtilisation, bench
 from torch.utils.data import Dataset, default_collate
 
-from zarrfeed.assets import ct_assets, dataset_assets
-from zarrfeed.assets.partitions import ct_scans
+from zarrfeed.assets import dataset_assets, family_assets
 from zarrfeed.definitions import RESOURCES
-from zarrfeed.formats.discover import find_ct_scans, read_ct_rate_metadata, rescale_from_metadata
+from zarrfeed.formats.discover import read_ct_rate_metadata
+from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
 from zarrfeed.training.tasks import CTClassification
 from zarrfeed.transforms import ct
+from zarrfeed.transforms.hu import csv_rescale
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
@@ -79,9 +80,11 @@ class NaiveTask(CTClassification):
 
     def dataset(self) -> Dataset:
         ours = super().dataset()
-        found, meta = find_ct_scans(self.raw), read_ct_rate_metadata(self.raw)
+        found = {p.name.removesuffix(".nii.gz"): p for p in self.raw.rglob("*.nii.gz")}
+        meta = read_ct_rate_metadata(self.raw)
         files = [found[k] for k in ours.keys]
-        rescale = [rescale_from_metadata(meta.get(k)) for k in ours.keys]
+        claims = [csv_rescale(meta.get(k)) for k in ours.keys]
+        rescale = [(c.slope, c.intercept) if c else (1.0, 0.0) for c in claims]
         return NaiveCTPatches(ours, files, rescale)
 
     def collate(self, dataset: Dataset):
@@ -97,10 +100,10 @@ def build_store(work: Path, scans: int) -> tuple[Path, Path]:
         "raw": RawFolderResource(root=str(raw)),
         "ct_settings": CTSettings(windows=["lung"]),
     }
-    keys = sorted(find_ct_scans(raw))
     (work / "home").mkdir()
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        instance.add_dynamic_partitions(ct_scans.name, keys)
+        keys = discover_into(instance, "ct", resources["raw"], resources["zarr_store"])
+        ct_assets = family_assets("ct", resources)
         for key in keys:
             assert dg.materialize(ct_assets, partition_key=key, resources=resources,
                                   instance=instance).success  # fmt: skip

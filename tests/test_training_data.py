@@ -3,15 +3,20 @@
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from procs import descendants, running
 from torch.utils.data import DataLoader
 
 from zarrfeed.errors import StoreError
 from zarrfeed.formats.discover import read_ct_rate_labels
+from zarrfeed.store import ZarrStore
 from zarrfeed.training import (
     CTPatchDataset,
     Fill,
@@ -54,7 +59,7 @@ def test_ct_patches_match_the_store_and_carry_labels(built, cache_gb):
 
 def test_cache_is_shared_lru_and_byte_budgeted(tmp_path):
     entry = 8000 + 128  # 1000 float64 + the .npy header: the budget counts what RAM holds
-    cache = SharedArrayCache(f"test-{tmp_path}", budget_bytes=3 * entry, root=tmp_path)
+    cache = SharedArrayCache(f"test-{tmp_path}", budget_bytes=3 * entry)
     arrays = {k: np.full(1000, i, dtype=np.float64) for i, k in enumerate("abcd")}  # 8 kB each
     for k in "abc":
         cache.get(k, lambda k=k: arrays[k])
@@ -75,7 +80,7 @@ def test_cache_is_shared_lru_and_byte_budgeted(tmp_path):
 
 def test_fill_decodes_in_place_within_budget_and_leaves_nothing_on_failure(tmp_path):
     entry = 8000 + 128
-    cache = SharedArrayCache(f"fill-{tmp_path}", budget_bytes=2 * entry, root=tmp_path)
+    cache = SharedArrayCache(f"fill-{tmp_path}", budget_bytes=2 * entry)
 
     def fill(value: float, fail: bool = False) -> Fill:
         def into(out: np.ndarray) -> None:
@@ -93,7 +98,7 @@ def test_fill_decodes_in_place_within_budget_and_leaves_nothing_on_failure(tmp_p
     np.testing.assert_array_equal(np.load(cache._path("c")), np.full(1000, 2.0))
     with pytest.raises(OSError, match="went away"):
         cache.get("d", fill(3, fail=True))
-    left = [p for p in cache.folder.iterdir() if p.name[0] != "."]
+    left = [p for p in cache.folder.iterdir() if p.suffix in (".npy", ".tmp")]
     assert {p.suffix for p in left} == {".npy"} and not cache._path("d").exists()
     big = cache.get("e", Fill((3000,), np.dtype("f8"), lambda out: out.fill(7)))
     assert big.flags.writeable and (big == 7).all()  # over the budget: served uncached
@@ -106,10 +111,12 @@ def _read_cached(cache, key):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
-def test_workers_read_identically_under_every_start_method(built, context, tmp_path):
+@pytest.mark.parametrize("cache_gb", [0.25, 0.012], ids=["in-RAM", "out-of-core"])
+def test_workers_read_identically_under_every_start_method(built, context, cache_gb):
     store, _ = built
-    ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
-    ds.cache = SharedArrayCache(f"{context}-{tmp_path}", 1 << 28, root=tmp_path)
+    ds = CTPatchDataset(store, window="lung", cache_gb=cache_gb)
+    assert ds.cache.in_ram == (cache_gb > 0.1)
+    ds.cache.clear()
     expected = [ds[i]["image"] for i in range(8)]  # the parent has opened and read the store
     loader = DataLoader(
         ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=ds.collate
@@ -117,13 +124,13 @@ def test_workers_read_identically_under_every_start_method(built, context, tmp_p
     got = torch.cat([b["image"] for _, b in zip(range(2), loader, strict=False)])
     torch.testing.assert_close(got, torch.stack(expected))
     stats = ds.cache.stats()
-    assert stats["entries"] <= len(CT_KEYS)  # one copy per volume for all processes
+    assert stats["entries"] <= len(CT_KEYS) if ds.cache.in_ram else stats["hits"] > 0
 
 
-def test_preload_fills_the_shared_cache_once(built, tmp_path):
+def test_preload_fills_the_shared_cache_once(built):
     store, _ = built
     ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
-    ds.cache = SharedArrayCache("preload", 1 << 28, root=tmp_path)
+    ds.cache.clear()
     ds[0]  # the parent has read the store (zarr's I/O thread is running)
     ds.preload()
     stats = ds.cache.stats()
@@ -170,7 +177,7 @@ def test_image_patches_crop_first_with_defects_and_mask(built):
 
 
 def test_loader_plan_follows_cpus_dataset_size_and_spec(built, monkeypatch):
-    from zarrfeed.training import loader
+    from zarrfeed.training.data import loader
 
     monkeypatch.setattr(loader, "usable_cpus", lambda: (40, "test"))
     assert plan_loader(10_000, 8, "auto").num_workers == 32  # seed 001: 40 CPUs → 32
@@ -192,13 +199,13 @@ def test_loader_plan_follows_cpus_dataset_size_and_spec(built, monkeypatch):
 
 def test_errors_name_the_store_asset_and_partition(built, tmp_path):
     store, _ = built
-    with pytest.raises(StoreError, match=f"no manifest for 'ct' in {tmp_path}"):
+    with pytest.raises(StoreError, match=f"{tmp_path} has no ct_dataset manifest"):
         CTPatchDataset(str(tmp_path))
     copy = tmp_path / "copy.zarr"
     shutil.copytree(store.root, copy)
-    ds = CTPatchDataset(str(copy), window="bone", cache_gb=0.01)
-    ds.cache = SharedArrayCache(f"broken-{tmp_path}", 1 << 26, root=tmp_path)
-    chunks = Path(copy, "ct/windows", CT_KEYS[0], "bone/c")
+    ds = CTPatchDataset(str(copy), window="bone", cache_gb=0.05)
+    version = ZarrStore(copy).commit_record("ct/windows", CT_KEYS[0])["version"]
+    chunks = Path(copy, "ct/windows", CT_KEYS[0], version, "bone/c")
     for chunk in chunks.rglob("*"):
         if chunk.is_file():
             chunk.write_bytes(b"garbage")
@@ -262,14 +269,50 @@ def test_benchmark_loader_cli_reports_throughput_cache_and_advice(built, capsys)
     assert main(["benchmark-loader", "--store", str(Path(store.url).parent / "none.zarr")]) == 2
 
 
-def test_patch_is_read_directly_while_another_process_fills_its_volume(built, tmp_path):
+def test_patch_is_read_directly_while_another_process_fills_its_volume(built):
+    from zarrfeed.training.data import locks
+
     store, _ = built
     ds = CTPatchDataset(store, window="lung", cache_gb=0.25)
-    ds.cache = SharedArrayCache(f"busy-{tmp_path}", 1 << 28, root=tmp_path)
-    key = f"{CT_KEYS[0]}/lung"
-    ds.cache._path(key).with_suffix(".filling").touch()  # as if another worker were decoding
+    ds.cache.clear()
+    entries = ds.cache.entries
+    digest = entries._digest(ds.cache.entry_key(ds.asset, 0, "lung"))
+    other = os.open(entries.folder / "locks", os.O_RDWR)  # as if another worker were decoding
+    assert locks.lock(other, entries._lock_byte(digest), wait=False)
     i = int(np.flatnonzero(ds.items == 0)[0])
     z, y, x = ds.origins[i].astype(int)
     want = store.open_array("ct/windows", CT_KEYS[0], "lung")[z : z + 16, y : y + 32, x : x + 32]
     np.testing.assert_array_equal(ds[i]["image"][0].numpy(), want)
     assert ds.cache.stats()["entries"] == 0  # served without waiting and without caching
+    os.close(other)
+
+
+OWNER = """
+import sys, time
+from zarrfeed.store import ZarrStore
+from zarrfeed.training import CTPatchDataset, make_loader
+ds = CTPatchDataset(ZarrStore(sys.argv[1]), window="lung", cache_gb=0.25)
+loader, _ = make_loader(ds, 2, workers=2, log=None)
+next(iter(loader))
+print("reading", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_workers_end_when_their_trainer_is_killed(built):
+    """forkserver workers are the fork server's children and keep it open: a SIGKILLed
+    (or OOM-killed) trainer must still take them, and the shared memory they map, along."""
+    store, _ = built
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(store.url)], stdout=subprocess.PIPE)
+    try:
+        assert owner.stdout.readline() == b"reading\n"
+        left = descendants(owner.pid)
+        assert len(left) >= 3, left  # the fork server and two workers
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 30
+    while (alive := [p for p, _ in left if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, [cmd for p, cmd in left if p in alive]

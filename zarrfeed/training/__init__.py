@@ -1,42 +1,9 @@
-"""Training: cached Zarr Datasets, self-sizing DataLoaders and the trainer (no Dagster)."""
+"""Training without Dagster, in two rooms: :mod:`zarrfeed.training.data` feeds it (cached
+Datasets, samplers, self-sizing DataLoaders); the config, tasks, models and trainer learn."""
 
-from zarrfeed.training.cache import Fill, SharedArrayCache
+from zarrfeed.training import data
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.datasets import (
-    CTPatchDataset,
-    ImagePatchDataset,
-    SparsePointsDataset,
-    SpikeClipDataset,
-    collate_batch,
-    collate_points,
-)
-from zarrfeed.training.loader import (
-    LoaderPlan,
-    autotune,
-    make_loader,
-    measure,
-    plan_loader,
-    recommend,
-)
+from zarrfeed.training.data import *  # noqa: F403 - the data room's public names, re-exported
 from zarrfeed.training.trainer import Trainer, TrainResult, train
 
-__all__ = [
-    "CTPatchDataset",
-    "Fill",
-    "ImagePatchDataset",
-    "LoaderPlan",
-    "SharedArrayCache",
-    "SparsePointsDataset",
-    "SpikeClipDataset",
-    "TrainConfig",
-    "TrainResult",
-    "Trainer",
-    "autotune",
-    "collate_batch",
-    "collate_points",
-    "make_loader",
-    "measure",
-    "plan_loader",
-    "recommend",
-    "train",
-]
+__all__ = [*data.__all__, "TrainConfig", "TrainResult", "Trainer", "train"]

@@ -1,7 +1,8 @@
 """The training configuration: one typed model, read from YAML by ``zarrfeed train --config``
 and turned into Dagster run config by :mod:`zarrfeed.assets.training` (no Dagster here).
 
-Sections follow seed 001's file (``data``, ``dataloader``, ``train``); every default runs on
+Sections follow the spike-deblurring training files users had (``data``, ``dataloader``,
+``train``); every default runs on
 the built-in sample data.
 """
 
@@ -30,20 +31,30 @@ class DataConfig(Section):
     max_points: int = Field(
         1 << 20, description="points per scan before rebuilding the occupancy grid"
     )
-    clip_len: int = Field(3, description="spike clip length in samples (seed 001 CLIP_LEN)")
+    clip_len: int = Field(3, description="spike clip length in samples")
     crop: list[int] = Field([64, 64], description="spike crop (H, W)")
     voxels: Literal["stored", "realtime"] = Field("stored", description="spike voxel source")
     defects: bool = Field(True, description="synthesise local defects on image patches")
-    cache_gb: float = Field(1.0, description="shared decoded-array cache (seed 001 CACHE_SIZE_GB)")
+    cache_gb: float = Field(
+        1.0, description="GB of RAM for decoded arrays, one copy shared by all workers"
+    )
     eval_batches: int = Field(4, description="fixed batches scored before and after training")
 
 
 class LoaderConfig(Section):
-    """DataLoader sizing (``zarrfeed.training.loader.plan_loader``)."""
+    """DataLoader sizing (``zarrfeed.training.data.loader.plan_loader``) and order."""
 
-    workers: str = Field("auto", description="'auto', 'cpu*0.9' or an integer (seed 001)")
+    workers: str = Field(
+        "auto", description="loader processes in all: 'auto', 'cpu*0.9' or an integer"
+    )
     context: Literal["fork", "forkserver", "spawn"] = "forkserver"
     preload: Literal["auto", "always", "never"] = "auto"
+    sampler: Literal["auto", "block", "random"] = Field(
+        "auto",
+        description="epoch order: block shuffle (partitions in blocks that fit the cache, the "
+        "next block prefetched) or a shuffle of the whole dataset; auto: block when the "
+        "dataset's decoded arrays exceed data.cache_gb",
+    )
     device_cache: Literal["auto", "on", "off"] = Field(
         "off",
         description="CT patches: hold the volumes on the training device and cut batches there "
@@ -58,7 +69,7 @@ class LoaderConfig(Section):
 
 
 class TrainSection(Section):
-    """The loop (seed 004)."""
+    """The loop: steps, batch, optimiser, precision, checkpoints."""
 
     steps: int = Field(40, description="optimiser steps in all (a resumed run continues to it)")
     batch_size: int = 4
@@ -68,8 +79,8 @@ class TrainSection(Section):
     max_grad_norm: float = Field(1.0, description="0 disables clipping")
     amp: Literal["auto", "off", "bf16", "fp16"] = Field(
         "auto",
-        description="auto: bf16 where the GPU/CPU has native bf16, fp16 + scaler on other GPUs, "
-        "else fp32",
+        description="auto: bf16 on GPUs that have it, fp16 + scaler on other GPUs, fp32 on the "
+        "CPU; bf16 asks for CPU bf16 autocast",
     )
     grad_checkpointing: bool = False
     release_every: int = Field(0, description="empty the CUDA cache + gc every N steps (0: off)")

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.errors import StoreError
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.datasets import (
+from zarrfeed.training.data import (
     CTPatchDataset,
     ImagePatchDataset,
     SparsePointsDataset,
@@ -32,6 +32,10 @@ from zarrfeed.training.models import (
 )
 
 Batch = dict[str, torch.Tensor]
+# defect_segmentation: a defect pixel's BCE weight (defects are ~0.05 % of a patch's pixels);
+# a pixel counts as a defect where the weighted model's logit exceeds log(weight), i.e. where
+# the unweighted probability would pass 0.5.
+DEFECT_WEIGHT = 20.0
 
 
 class Task:
@@ -39,6 +43,7 @@ class Task:
 
     name: str = ""
     family: str = ""
+    metric: str = ""  # the task's own score on the evaluation batches (higher is better)
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -59,7 +64,7 @@ class Task:
 class CTClassification(Task):
     """CT-RATE multi-label classification (18 findings) on windowed patches or volumes."""
 
-    name, family = "ct_classifier", "ct"
+    name, family, metric = "ct_classifier", "ct", "accuracy"
 
     def dataset(self) -> CTPatchDataset:
         d = self.config.data
@@ -93,7 +98,7 @@ class CTClassification(Task):
 class SparseAutoencoder(Task):
     """Occupancy grids rebuilt from the sparse indices (TRELLIS 64³), encoded and decoded."""
 
-    name, family = "sparse_autoencoder", "ct"
+    name, family, metric = "sparse_autoencoder", "ct", "iou"
 
     def dataset(self) -> SparsePointsDataset:
         d = self.config.data
@@ -104,7 +109,7 @@ class SparseAutoencoder(Task):
             cache_gb=d.cache_gb,
             seed=self.config.seed,
         )
-        grid = ds.store.commit_record(ds.asset, ds.keys[0])["attrs"]["params"]["grid"]
+        grid = ds.store.commit_record(ds.asset, ds.keys[0])["attrs"]["params"]["sparse_grid"]
         if not grid:
             raise StoreError(
                 f"sparse_autoencoder needs an occupancy grid: {ds.asset} of {ds.url} was built "
@@ -141,9 +146,10 @@ class SparseAutoencoder(Task):
 
 
 class SpikeDeblurring(Task):
-    """Seed 001: the clip's middle blurred frame + its spike voxels → the sharp frame."""
+    """Spike-guided deblurring: a clip's middle blurred frame + its spike voxels → the sharp
+    frame."""
 
-    name, family = "spike_deblur", "spike"
+    name, family, metric = "spike_deblur", "spike", "psnr"
 
     def dataset(self) -> SpikeClipDataset:
         d = self.config.data
@@ -155,8 +161,9 @@ class SpikeDeblurring(Task):
             cache_gb=d.cache_gb,
             seed=self.config.seed,
         )
-        params = ds.store.commit_record("spike/voxels", ds.keys[0])["attrs"]["params"]
-        self.voxel_scale = float(math.ceil(params["frames"] / params["bins"]))  # max count per bin
+        attrs = ds.store.commit_record("spike/voxels", ds.keys[0])["attrs"]
+        frames, bins = attrs["frames"], attrs["params"]["bins"]
+        self.voxel_scale = float(math.ceil(frames / bins))  # max count per bin
         return ds
 
     def model(self, dataset: Dataset) -> nn.Module:
@@ -176,9 +183,10 @@ class SpikeDeblurring(Task):
 
 
 class DefectSegmentation(Task):
-    """Seed 002: segment synthesised local defects on inspection-image patches."""
+    """Defect segmentation on inspection-image patches: synthesised local defects that the
+    inspected channel has and its references lack, against their masks."""
 
-    name, family = "defect_segmentation", "image"
+    name, family, metric = "defect_segmentation", "image", "iou"
 
     def dataset(self) -> ImagePatchDataset:
         d = self.config.data
@@ -195,8 +203,9 @@ class DefectSegmentation(Task):
         target = batch["mask"].float()
         prob = torch.sigmoid(logits)
         dice = 1 - (2 * (prob * target).sum() + 1) / (prob.sum() + target.sum() + 1)
-        loss = F.binary_cross_entropy_with_logits(logits, target) + dice
-        pred, truth = logits > 0, target > 0
+        weight = torch.tensor(DEFECT_WEIGHT, device=logits.device)
+        loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight) + dice
+        pred, truth = logits > math.log(DEFECT_WEIGHT), target > 0
         iou = (pred & truth).sum().item() / max(1, (pred | truth).sum().item())
         return loss, {"iou": iou}
 

@@ -1,6 +1,6 @@
 """The training loop (seed 004's list, distributed training included).
 
-AMP (bf16 autocast on CPU; bf16 or fp16 + GradScaler on CUDA), gradient accumulation
+AMP (bf16 or fp16 + GradScaler on CUDA; bf16 autocast on the CPU on request), gradient accumulation
 (``no_sync`` on the micro-batches that do not step), ``zero_grad(set_to_none=True)``, pinned
 memory with ``non_blocking`` copies, evaluation under ``inference_mode``, optional gradient
 checkpointing and periodic cache release, no global default-tensor tricks.  Checkpoints hold
@@ -33,8 +33,9 @@ from torch.utils.data import Dataset, Sampler
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.device import device_loader
-from zarrfeed.training.loader import LoaderPlan, batch_len, make_loader
+from zarrfeed.training.data.device import device_loader
+from zarrfeed.training.data.loader import LoaderPlan, batch_len, make_loader
+from zarrfeed.training.data.sampler import make_sampler
 from zarrfeed.training.report import loss_curve_png
 from zarrfeed.training.tasks import Task, make_task
 
@@ -59,30 +60,6 @@ class DistEnv:
         return self.rank == 0
 
 
-class ResumableSampler(Sampler[int]):
-    """``DistributedSampler``'s order — a permutation seeded by (seed, epoch), padded so every
-    rank gets the same count, one shard per rank — that can start mid-epoch (``start``)."""
-
-    def __init__(self, size: int, rank: int = 0, world: int = 1, seed: int = 0) -> None:
-        self.size, self.rank, self.world, self.seed = size, rank, world, seed
-        self.per_rank = math.ceil(size / world)
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def __iter__(self) -> Iterator[int]:
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.size, generator=g)
-        total = self.per_rank * self.world
-        order = torch.cat([order, order[: total - self.size]]) if total > self.size else order
-        return iter(order[self.rank : total : self.world][self.start :].tolist())
-
-    def __len__(self) -> int:
-        return self.per_rank - self.start
-
-
 def resolve_device(spec: str, env: DistEnv) -> torch.device:
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,23 +69,18 @@ def resolve_device(spec: str, env: DistEnv) -> torch.device:
     return device
 
 
-def cpu_has_bf16() -> bool:
-    """Native bf16 matrix units (AVX512-BF16 or AMX).  Without them bf16 autocast is emulated:
-    measured 20-40x slower than fp32 for these models on this 2-core AVX2 EPYC."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
 def amp_policy(mode: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
     """(autocast dtype or None, use a GradScaler) for ``train.amp`` on ``device``.
 
-    ``auto``: bf16 on CUDA devices that support it, else fp16 with a scaler; bf16 on CPUs
-    with native bf16, else fp32.
+    ``auto``: bf16 on CUDA devices that support it, else fp16 with a scaler; fp32 on the
+    CPU, where bf16 autocast turned the 3-D CNNs' first-layer gradients into NaN after one
+    step on real batches (ct_classifier, seed 5) and is no faster without native bf16 units.
+    ``bf16`` still asks for it on the CPU.
     """
     if mode == "auto":
-        if device.type == "cpu":
-            mode = "bf16" if cpu_has_bf16() else "off"
-        else:
-            mode = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        mode = (
+            "off" if device.type == "cpu" else "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        )
     if mode == "off":
         return None, False
     if mode == "fp16" and device.type != "cuda":
@@ -206,12 +178,13 @@ class Trainer:
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         return True
 
-    def _loader(self, dataset: Dataset, sampler: ResumableSampler) -> tuple[Any, LoaderPlan]:
+    def _loader(self, dataset: Dataset, sampler: Sampler) -> tuple[Any, LoaderPlan]:
         c = self.config
         held = device_loader(
             dataset, sampler, c.train.batch_size, self.device, c.dataloader.device_cache
         )
         if held is not None:
+            held[1].reasons.append(f"sampler: {sampler.reason}")
             self.log(held[1].log_block())
             return held
         preload = {"auto": "auto", "always": True, "never": False}[c.dataloader.preload]
@@ -319,10 +292,17 @@ class Trainer:
         }  # fmt: skip
         if saved:
             state.update({k: saved[k] for k in ("step", "epoch", "position", "history")})
-            self.log(f"[{c.task}] resumed from {self.checkpoint_path} at step {state['step']}")
+            if state["step"] >= t.steps:
+                self.log(
+                    f"[{c.task}] {self.checkpoint_path} already finished {state['step']}/"
+                    f"{t.steps} steps: nothing to train (raise train.steps to go on, or set "
+                    "another out or run_name to start over)"
+                )
+            else:
+                self.log(f"[{c.task}] resumed from {self.checkpoint_path} at step {state['step']}")
         resumed_from = state["step"]
 
-        sampler = ResumableSampler(len(dataset), self.env.rank, self.env.world, c.seed)
+        sampler = make_sampler(dataset, c.dataloader.sampler, self.env.rank, self.env.world, c.seed)
         loader, plan = self._loader(dataset, sampler)
         per_epoch = len(sampler) // t.batch_size
         net: nn.Module = model
@@ -397,7 +377,8 @@ class Trainer:
                 self._save(model, optimizer, state)
 
         eval_after = self._evaluate(model, eval_batches) if self.env.main else {}
-        waited, computed = sum(history["data_time"]), sum(history["step_time"])
+        # Steady state, as the log lines report it: the first step waits for worker start-up.
+        waited, computed = sum(history["data_time"][1:]), sum(history["step_time"][1:])
         total = waited + computed
         result = TrainResult(
             task=c.task,
@@ -405,7 +386,7 @@ class Trainer:
             history=history,
             eval_before=eval_before,
             eval_after=eval_after,
-            samples_per_s=sum(history["samples"]) * self.env.world / total if total else 0.0,
+            samples_per_s=sum(history["samples"][1:]) * self.env.world / total if total else 0.0,
             data_wait_share=waited / total if total else 0.0,
             checkpoint=str(self.checkpoint_path),
             data=data_fingerprint(dataset),
@@ -424,16 +405,20 @@ class Trainer:
         return result
 
     def _log_line(self, step: int, history: dict[str, list[float]], window: int) -> str:
-        """Seed 001's training log line, over the last ``window`` steps."""
+        """The training log line, over the last ``window`` steps: progress, loss, where the
+        time went, and the time left at the recent pace."""
         recent = {k: v[-window:] for k, v in history.items()}
         waited, computed = sum(recent["data_time"]), sum(recent["step_time"])
         share = waited / (waited + computed) if waited + computed else 0.0
         rate = sum(recent["samples"]) * self.env.world / (waited + computed or 1)
+        total = self.config.train.steps
+        eta = (total - step) * (waited + computed) / len(recent["step_time"])
         return (
             f"[{self.config.task}] step {step} | loss={history['loss'][-1]:.4f} | "
             f"data_time={1000 * waited / len(recent['data_time']):.1f}ms | "
             f"step_time={1000 * computed / len(recent['step_time']):.1f}ms | "
-            f"samples/s={rate:.1f} | data_wait={100 * share:.1f}%"
+            f"samples/s={rate:.1f} | data_wait={100 * share:.1f}% | {step}/{total} steps, "
+            f"eta {eta:.0f}s"
         )
 
     def _write_report(self, result: TrainResult) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.training.datasets import CTPatchDataset
-from zarrfeed.training.loader import LoaderPlan
+from zarrfeed.training.data.ct import CTPatchDataset
+from zarrfeed.training.data.loader import LoaderPlan
 
 # Share of the device's free memory a dataset may take to be held there ("auto").
 DEVICE_SHARE = 0.25

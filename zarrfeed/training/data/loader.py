@@ -1,27 +1,29 @@
 """DataLoaders that size themselves: workers from the CPUs this process may use, the local
-world size, the dataset size and the memory budget; the choice is logged with its reasons."""
+world size, the dataset size and the memory budget; the sampler from whether the dataset fits
+its cache; the choice is logged with its reasons."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 import math
 import os
-import platform
-import statistics
+import select
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from zarrfeed.training.data.sampler import make_sampler
 
 WORKER_OVERHEAD_BYTES = 300 << 20  # interpreter + torch + zarr per worker, measured ~250 MB
-AUTOTUNE_FILE = (
-    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zarrfeed" / "autotune.json"
-)
+# Out of core, batches in flight live in shared memory beside the cache: they may add this
+# share of its budget (the cache itself never exceeds it).
+IN_FLIGHT_SHARE = 0.05
 
 
 def usable_cpus() -> tuple[int, str]:
@@ -73,7 +75,7 @@ class LoaderPlan:
                 "prefetch_factor": self.prefetch_factor,
                 "persistent_workers": self.persistent_workers,
                 "multiprocessing_context": self.context,
-                "worker_init_fn": _one_thread,
+                "worker_init_fn": functools.partial(_init_worker, os.getpid()),
             }
         return kw
 
@@ -91,8 +93,41 @@ class LoaderPlan:
         return "\n".join(lines)
 
 
-def _one_thread(_: int) -> None:
+def _init_worker(owner: int, _: int) -> None:
     torch.set_num_threads(1)  # workers run side by side; intra-op threads would oversubscribe
+    threading.Thread(target=_exit_with, args=(owner,), daemon=True, name="owner-watch").start()
+
+
+def _exit_with(owner: int) -> None:
+    """End this worker when the process that owns its DataLoader ends.
+
+    A forkserver worker is a child of the fork server, not of its owner, and holds the fork
+    server open: torch's watchdog (its parent's pid) never fires, so a SIGKILLed or
+    OOM-killed trainer would leave its workers, and the shared memory they map, forever.
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)  # Linux 5.3+
+    try:
+        pidfd = pidfd_open(owner) if pidfd_open else None
+    except ProcessLookupError:
+        os._exit(1)
+    except OSError:
+        pidfd = None
+    if pidfd is None:  # no pidfds here: poll
+        while _alive(owner):
+            time.sleep(1.0)
+        os._exit(1)
+    select.select([pidfd], [], [])  # readable once the owner has exited
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def plan_loader(
@@ -103,8 +138,10 @@ def plan_loader(
     cache_bytes: int = 0,
     train: bool = True,
     context: str = "forkserver",
+    in_flight_bytes: int = 0,
 ) -> LoaderPlan:
-    """Resolve ``workers`` ("auto", "cpu*0.9", N) against this machine and dataset."""
+    """Resolve ``workers`` ("auto", "cpu*0.9", N) against this machine and dataset;
+    ``in_flight_bytes`` (when set) bounds the shared memory of the batches in flight."""
     cpus, how = usable_cpus()
     world = local_world_size()
     reasons = [f"CPUs usable: {cpus} ({how}); local world size: {world}"]
@@ -146,6 +183,15 @@ def plan_loader(
                 f"capped at {n}: {room >> 20} MiB free after the cache, "
                 f"{per_worker >> 20} MiB per worker"
             )
+    if n and in_flight_bytes and sample_bytes:
+        batches_room = in_flight_bytes // (batch_size * sample_bytes) - 1  # - the one in use
+        fit = max(1, int(batches_room // n))
+        if fit < (prefetch or 0):
+            prefetch = fit
+            reasons.append(
+                f"prefetch_factor {fit}: batches in flight kept within "
+                f"{in_flight_bytes / 1e6:.1f} MB of shared memory"
+            )
     cuda = torch.cuda.is_available()
     reasons.append("pinned memory: " + ("on (CUDA present)" if cuda else "off (no CUDA)"))
     return LoaderPlan(n, prefetch if n else None, cuda, n > 0, context if n else None, reasons)
@@ -158,39 +204,58 @@ def make_loader(
     shuffle: bool = True,
     preload: bool | str = "auto",
     collate_fn: Callable | None = None,
-    sampler: Any = None,
+    sampler: Sampler | None = None,
     drop_last: bool = False,
     train: bool = True,
     context: str = "forkserver",
     log: Callable[[str], None] | None = print,
     name: str = "train",
+    order: str = "auto",
+    seed: int = 0,
 ) -> tuple[DataLoader, LoaderPlan]:
-    """A DataLoader over ``dataset`` with a planned configuration, preloading its cache when
-    the whole dataset fits the budget (``preload="auto"``)."""
+    """A DataLoader over ``dataset`` with a planned configuration.
+
+    When the dataset fits its cache budget it is preloaded (``preload="auto"``) and shuffled
+    whole; when it does not, a :class:`~zarrfeed.training.data.sampler.BlockSampler` keeps
+    the working set inside the cache (``order``: "auto", "block" or "random"; ignored when a
+    ``sampler`` is given).
+    """
     collate_fn = collate_fn or getattr(dataset, "collate", None)
     cache = getattr(dataset, "cache", None)
     budget = cache.budget_bytes if cache is not None else 0
-    total = dataset.nbytes() if hasattr(dataset, "nbytes") else 0
-    if cache is not None and (preload is True or (preload == "auto" and 0 < total <= budget)):
-        t0 = time.perf_counter()
-        dataset.preload()
-        preloaded = (
-            f"preloaded {total / 1e9:.2f} GB into the shared cache in "
-            f"{time.perf_counter() - t0:.1f}s (budget {budget / 1e9:.2f} GB)"
-        )
-    else:
-        preloaded = (
-            f"cache: {budget / 1e9:.2f} GB budget, dataset {total / 1e9:.2f} GB: "
-            "filled on demand (LRU)"
-        )
-    sample = sample_bytes(dataset[0]) if len(dataset) else 0
-    plan = plan_loader(len(dataset), batch_size, workers, sample, budget, train, context)
+    notes = []
     if cache is not None:
-        plan.reasons.append(preloaded)
+        total = cache.nbytes
+        fits = f"{total / 1e9:.2f} GB decoded, cache budget {budget / 1e9:.2f} GB"
+        if cache.in_ram and (preload is True or preload == "auto"):
+            t0 = time.perf_counter()
+            dataset.preload()
+            notes.append(f"cache: preloaded {fits} in {time.perf_counter() - t0:.1f}s")
+        elif cache.in_ram:
+            notes.append(f"cache: {fits}: filled on demand")
+        else:
+            notes.append(
+                f"cache: {fits}: {cache.stats()['regime']}, "
+                f"{cache.capacity_bytes / 1e9:.2f} GB of slots"
+                + (" (preload skipped: it does not fit)" if preload is True else "")
+            )
+    if order not in ("auto", "block", "random"):
+        raise ValueError(f"order must be 'auto', 'block' or 'random', got {order!r}")
+    out_of_core = cache is not None and not cache.in_ram
+    if sampler is None and shuffle and (order == "block" or (order == "auto" and out_of_core)):
+        sampler = make_sampler(dataset, order, seed=seed)
+    elif sampler is None and shuffle:
+        notes.append("sampler: shuffled over the whole dataset, a new order every epoch")
+    if sampler is not None and hasattr(sampler, "reason"):
+        notes.append(f"sampler: {sampler.reason}")
+    sample = sample_bytes(dataset[0]) if len(dataset) else 0
+    in_flight = int(IN_FLIGHT_SHARE * budget) if out_of_core else 0
+    plan = plan_loader(len(dataset), batch_size, workers, sample, budget, train, context, in_flight)
+    plan.reasons += notes
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle if sampler is None else False,
+        shuffle=False if sampler is not None else shuffle,
         sampler=sampler,
         collate_fn=collate_fn,
         drop_last=drop_last,
@@ -199,43 +264,6 @@ def make_loader(
     if log:
         log(plan.log_block(name))
     return loader, plan
-
-
-@dataclass
-class LoaderReport:
-    """Throughput of a loader over some batches: what ``benchmark-loader`` prints."""
-
-    samples_per_s: float
-    batch_mean_ms: float
-    batch_std_ms: float
-    first_batch_s: float
-    batches: int
-
-
-def measure(loader: DataLoader, batches: int) -> LoaderReport:
-    """Time ``batches`` batches (after the first, which pays worker start-up)."""
-    it = iter(loader)
-    t0 = time.perf_counter()
-    next(it)
-    first = time.perf_counter() - t0
-    times, samples = [], 0
-    for _ in range(batches):
-        t = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            it = iter(loader)
-            batch = next(it)
-        times.append(time.perf_counter() - t)
-        samples += batch_len(batch)
-    total = sum(times)
-    return LoaderReport(
-        samples / total if total else 0.0,
-        1000 * statistics.fmean(times),
-        1000 * (statistics.pstdev(times) if len(times) > 1 else 0.0),
-        first,
-        len(times),
-    )
 
 
 def sample_bytes(sample: Any) -> int:
@@ -255,71 +283,3 @@ def batch_len(batch: Any) -> int:
         value = batch.get("item", next(iter(batch.values())))
         return len(value)
     return len(batch[0]) if isinstance(batch, list | tuple) else len(batch)
-
-
-def recommend(plan: LoaderPlan, cache_stats: dict[str, Any], dataset_bytes: int) -> str:
-    """One line of advice from a measured run."""
-    advice = []
-    if dataset_bytes > cache_stats["budget_bytes"] and cache_stats["hit_rate"] < 0.9:
-        need = dataset_bytes / 1e9 * 1.05
-        advice.append(f"raise cache_gb to {need:.1f} (hit rate {cache_stats['hit_rate']:.0%})")
-    if plan.num_workers == 0:
-        advice.append("use workers='auto': loading runs in the training process")
-    if not advice:
-        advice.append(f"keep {plan.num_workers} workers; run with --autotune to compare others")
-    return "; ".join(advice)
-
-
-def autotune(
-    dataset: Dataset,
-    batch_size: int,
-    candidates: list[int] | None = None,
-    batches: int = 20,
-    collate_fn: Callable | None = None,
-    context: str = "forkserver",
-    remember: Path | None = AUTOTUNE_FILE,
-) -> LoaderPlan:
-    """Measure candidate worker counts on real batches and keep the fastest, remembered per
-    dataset and machine (``~/.cache/zarrfeed/autotune.json``)."""
-    cpus, _ = usable_cpus()
-    key = _tune_key(dataset, batch_size, cpus)
-    saved = json.loads(remember.read_text()) if remember and remember.exists() else {}
-    if key in saved:
-        plan = LoaderPlan(**saved[key])
-        plan.reasons.append("autotune: remembered for this dataset and machine")
-        return plan
-    results = {}
-    for n in candidates or sorted({0, 1, cpus, max(1, cpus - 1)}):
-        plan = plan_loader(len(dataset), batch_size, n, context=context)
-        loader = DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=True,
-            collate_fn=collate_fn or getattr(dataset, "collate", None),
-            **plan.kwargs(),
-        )
-        results[n] = (measure(loader, batches).samples_per_s, plan)
-        del loader
-    best = max(results, key=lambda n: results[n][0])
-    plan = results[best][1]
-    plan.reasons.append(
-        "autotune: " + ", ".join(f"{n} workers {v[0]:.0f}/s" for n, v in sorted(results.items()))
-    )
-    if remember:
-        remember.parent.mkdir(parents=True, exist_ok=True)
-        saved[key] = asdict(plan)
-        remember.write_text(json.dumps(saved, indent=1))
-    return plan
-
-
-def _tune_key(dataset: Dataset, batch_size: int, cpus: int) -> str:
-    what = [
-        type(dataset).__name__,
-        getattr(dataset, "url", ""),
-        len(dataset),
-        batch_size,
-        platform.node(),
-        cpus,
-        torch.__version__,
-    ]
-    return hashlib.sha256(json.dumps(what, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,35 @@
+"""Feeding training: Datasets over the committed stores, the shared decoded-data cache (whole
+arrays in RAM, or chunks in a fixed arena out of core), samplers and self-sizing loaders."""
+
+from zarrfeed.training.data.arrays import Fill, SharedArrayCache
+from zarrfeed.training.data.base import GB, StoreDataset, collate_batch
+from zarrfeed.training.data.ct import CTPatchDataset, SparsePointsDataset, collate_points
+from zarrfeed.training.data.images import ImagePatchDataset
+from zarrfeed.training.data.loader import LoaderPlan, make_loader, plan_loader
+from zarrfeed.training.data.reader import CachedArrays
+from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
+from zarrfeed.training.data.spike import SpikeClipDataset
+from zarrfeed.training.data.tuning import autotune, measure, recommend
+
+__all__ = [
+    "GB",
+    "BlockSampler",
+    "CTPatchDataset",
+    "CachedArrays",
+    "Fill",
+    "ImagePatchDataset",
+    "LoaderPlan",
+    "ResumableSampler",
+    "SharedArrayCache",
+    "SparsePointsDataset",
+    "SpikeClipDataset",
+    "StoreDataset",
+    "autotune",
+    "collate_batch",
+    "collate_points",
+    "make_loader",
+    "make_sampler",
+    "measure",
+    "plan_loader",
+    "recommend",
+]

@@ -1,0 +1,59 @@
+"""Byte-range locks that the kernel releases when their holder dies.
+
+Open-file-description (OFD) locks, ``F_OFD_SETLK``: owned by one ``open()`` of a file, so two
+threads or a parent and its forked child exclude each other as long as each opened the file
+itself, and a process killed with SIGKILL drops its locks at once — a cache never waits on a
+dead writer.  Any byte offset can be locked, beyond the end of the file too, so one file holds
+a lock per cache slot or entry.  ``flock`` (whole files) marks a cache folder in use.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import struct
+
+if not hasattr(fcntl, "F_OFD_SETLK"):  # pragma: no cover - Linux has had them since 3.15
+    raise ImportError("zarrfeed's shared cache needs Linux open-file-description locks")
+
+# struct flock on Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid, padding.
+_FLOCK = struct.Struct("hhqqi4x")
+
+
+def _request(fd: int, command: int, kind: int, start: int, length: int) -> bytes:
+    return fcntl.fcntl(fd, command, _FLOCK.pack(kind, 0, start, length, 0))
+
+
+def lock(fd: int, start: int, exclusive: bool = True, wait: bool = True, length: int = 1) -> bool:
+    """Lock ``length`` bytes at ``start``; False when ``wait`` is off and another holds them."""
+    kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
+    try:
+        _request(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, kind, start, length)
+    except OSError as exc:
+        if not wait and exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def unlock(fd: int, start: int, length: int = 1) -> None:
+    _request(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, start, length)
+
+
+def held_by_other(fd: int, start: int, length: int = 1) -> bool:
+    """Whether another open file description holds a lock on those bytes now."""
+    found = _request(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, start, length)
+    return _FLOCK.unpack(found)[0] != fcntl.F_UNLCK
+
+
+def flock_shared(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def flock_exclusive_now(fd: int) -> bool:
+    """Take the whole-file lock exclusively if nobody holds it (shared or not)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

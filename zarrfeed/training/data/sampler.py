@@ -1,0 +1,189 @@
+"""Epoch orders the trainer can resume mid-epoch: a plain shuffle, and a block shuffle for
+datasets larger than their cache.
+
+Both follow ``DistributedSampler``: a permutation seeded by (seed, epoch), padded so every rank
+gets the same count, one shard per rank; ``set_epoch(epoch, start)`` starts an epoch at
+position ``start`` of this rank's order (what a checkpoint records), and ``len`` counts what
+is left.  The block sampler (TorchIO's Queue and Streaming's block shuffles, applied to cache
+units) keeps the working set inside the cache: each epoch shuffles the partitions, gives each
+rank a contiguous run of them — so each machine's cache holds only its ranks' data — cuts the
+run into blocks whose units fit half the cache, shuffles samples within each block, and
+decodes the next block's units in a background thread while the current one is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+log = logging.getLogger("zarrfeed.training")
+
+
+class ResumableSampler(Sampler[int]):
+    """``DistributedSampler``'s order — a permutation seeded by (seed, epoch), padded so every
+    rank gets the same count, one shard per rank — that can start mid-epoch (``start``)."""
+
+    def __init__(self, size: int, rank: int = 0, world: int = 1, seed: int = 0) -> None:
+        self.size, self.rank, self.world, self.seed = size, rank, world, seed
+        self.per_rank = math.ceil(size / world)
+        self.epoch, self.start = 0, 0
+        self.reason = "shuffled over the whole dataset (seed, epoch)"
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=g)
+        total = self.per_rank * self.world
+        order = torch.cat([order, order[: total - self.size]]) if total > self.size else order
+        return iter(order[self.rank : total : self.world][self.start :].tolist())
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+
+class BlockSampler(Sampler[int]):
+    """Shuffles within blocks of partitions whose cache units fit ``block_bytes`` (half the
+    cache by default) and prefetches the next block while the current one is read.
+
+    ``dataset`` provides ``sample_items()`` (partition per sample), ``partition_bytes()``
+    (working set per partition), ``sample_units(indices)`` and ``cache.prefetch`` (see
+    :class:`~zarrfeed.training.data.base.StoreDataset`).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        rank: int = 0,
+        world: int = 1,
+        seed: int = 0,
+        block_bytes: int | None = None,
+        prefetch: bool = True,
+    ) -> None:
+        self.dataset, self.rank, self.world, self.seed = dataset, rank, world, seed
+        self.items = np.asarray(dataset.sample_items(), dtype=np.int64)
+        self.size = len(self.items)
+        self.per_rank = math.ceil(self.size / world)
+        self.parts = int(self.items.max()) + 1 if self.size else 0
+        self.part_bytes = np.asarray(dataset.partition_bytes(), dtype=np.int64)
+        self.block_bytes = int(block_bytes or dataset.cache.capacity_bytes // 2)
+        self.prefetch = prefetch
+        self.epoch, self.start = 0, 0
+        self._generation = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self.reason = (
+            f"block shuffle: partitions in blocks of <= {self.block_bytes / 1e9:.3f} GB of cache "
+            f"units (half of {dataset.cache.capacity_bytes / 1e9:.3f} GB), shuffled within each "
+            "block, next block prefetched"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+    def plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's whole order for the epoch and the start of each block in it."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        position = np.empty(self.parts, np.int64)
+        position[rng.permutation(self.parts)] = np.arange(self.parts)
+        by_partition = np.argsort(position[self.items], kind="stable")
+        total = self.per_rank * self.world
+        if total > self.size:  # pad like DistributedSampler: the first samples again
+            by_partition = np.concatenate([by_partition, by_partition[: total - self.size]])
+        noise = rng.random(total)
+        lo, hi = self.rank * self.per_rank, (self.rank + 1) * self.per_rank
+        mine, noise = by_partition[lo:hi], noise[lo:hi]
+        parts = self.items[mine]
+        runs = np.flatnonzero(np.diff(parts, prepend=-1))  # where a partition's samples start
+        run_block = np.empty(len(runs), np.int64)
+        used, number = 0, 0
+        for i, need in enumerate(self.part_bytes[parts[runs]].tolist()):
+            if used and used + need > self.block_bytes:
+                number, used = number + 1, 0
+            used += need
+            run_block[i] = number
+        block = np.repeat(run_block, np.diff(np.append(runs, len(mine))))
+        order = mine[np.lexsort((noise, block))]
+        return order, np.flatnonzero(np.diff(block, prepend=-1))
+
+    def __iter__(self) -> Iterator[int]:
+        order, starts = self.plan()
+        ends = np.append(starts[1:], len(order))
+        self._generation += 1
+        generation = self._generation
+        first = int(np.searchsorted(ends, self.start, side="right"))
+        if first == len(starts):
+            return
+        if self.prefetch:
+            self._submit(order[max(self.start, starts[first]) : ends[first]], None, generation)
+        try:
+            for b in range(first, len(starts)):
+                lo, hi = max(self.start, int(starts[b])), int(ends[b])
+                # The loader's workers read a few batches behind this position: start on the
+                # next block halfway through this one, when the previous block is done with.
+                half = max(lo, (int(starts[b]) + hi) // 2)
+                yield from order[lo:half].tolist()
+                if self.prefetch and b + 1 < len(starts):
+                    following = order[hi : int(ends[b + 1])]
+                    self._submit(following, order[starts[b] : hi], generation)
+                yield from order[half:hi].tolist()
+            # A finished pass moves on to the next epoch, for loops that never call set_epoch
+            # (the trainer calls it before every pass, which overrides this).
+            self.epoch, self.start = self.epoch + 1, 0
+        finally:
+            if self._generation == generation:
+                self._generation += 1  # an abandoned or finished pass stops its prefetches
+
+    def _submit(self, indices: np.ndarray, keep: np.ndarray | None, generation: int) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zarrfeed-prefetch")
+        self._pool.submit(self._prefetch, indices, keep, lambda: self._generation == generation)
+
+    def _prefetch(
+        self, indices: np.ndarray, keep: np.ndarray | None, wanted: Callable[[], bool]
+    ) -> None:
+        try:
+            if wanted():
+                cache, units = self.dataset.cache, self.dataset.sample_units
+                cache.prefetch(units(indices), wanted, None if keep is None else units(keep))
+        except Exception as exc:  # the readers decode what is missing and report errors
+            log.warning("prefetch of the next block failed: %s", exc)
+
+
+def make_sampler(
+    dataset: Any, mode: str = "auto", rank: int = 0, world: int = 1, seed: int = 0
+) -> ResumableSampler | BlockSampler:
+    """``mode``: "block", "random", or "auto" — block shuffle when the dataset's decoded
+    arrays exceed its cache budget.  The sampler's ``reason`` says which and why."""
+    cache = getattr(dataset, "cache", None)
+    if mode not in ("auto", "block", "random"):
+        raise ValueError(f"sampler must be 'auto', 'block' or 'random', got {mode!r}")
+    out_of_core = cache is not None and not cache.in_ram
+    if mode == "block" or (mode == "auto" and out_of_core):
+        if cache is None:
+            raise ValueError(f"{type(dataset).__name__} has no cache to block-shuffle for")
+        sampler: ResumableSampler | BlockSampler = BlockSampler(dataset, rank, world, seed)
+        if mode == "auto":
+            sampler.reason += (
+                f" (auto: {cache.nbytes / 1e9:.2f} GB decoded > {cache.budget_bytes / 1e9:.2f} "
+                "GB cache budget)"
+            )
+        return sampler
+    sampler = ResumableSampler(len(dataset), rank, world, seed)
+    if mode == "auto" and cache is not None:
+        sampler.reason += f" (auto: the dataset fits its {cache.budget_bytes / 1e9:.2f} GB cache)"
+    return sampler

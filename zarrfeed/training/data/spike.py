@@ -1,0 +1,105 @@
+"""Seed 001's spike-camera clips: blurred and sharp frames with their spike voxels, stored or
+binned in real time from the raw ``.dat`` files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zarrfeed.formats import read_dat
+from zarrfeed.store import ZarrStore
+from zarrfeed.training.data.base import StoreDataset
+from zarrfeed.transforms import spike as sp
+
+
+class SpikeClipDataset(StoreDataset):
+    """Seed 001's clips: ``clip_len`` consecutive samples of blur, sharp and spike voxels,
+    randomly cropped to ``crop`` (H, W).
+
+    ``voxels="stored"`` reads the ``spike_voxels`` asset; ``"realtime"`` decodes the raw
+    ``.dat`` files named in its provenance and bins them on the fly — the same tensors with
+    no voxel store on disk.  Only the crop is read from the cache.
+    """
+
+    dataset, asset = "spike", "spike/frames"
+
+    def __init__(
+        self,
+        store: str | ZarrStore,
+        clip_len: int = 3,
+        crop: tuple[int, int] = (64, 64),
+        voxels: str = "stored",
+        cache_gb: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(store, cache_gb, seed)
+        if voxels not in ("stored", "realtime"):
+            raise ValueError(f"voxels must be 'stored' or 'realtime', got {voxels!r}")
+        self.clip_len, self.crop, self.voxel_mode = clip_len, tuple(crop), voxels
+        samples = np.array([p["arrays"]["blur"]["shape"][0] for p in self.partitions])
+        clips = np.maximum(samples - clip_len + 1, 0)
+        self.items = np.repeat(np.arange(len(self.keys), dtype=np.uint32), clips)
+        self.starts = (
+            np.arange(len(self.items)) - np.repeat(np.cumsum(clips) - clips, clips)
+        ).astype(np.uint32)
+        self.voxel_partitions = self.manifest_assets["spike/voxels"]["partitions"]
+        self.voxel_shapes = [tuple(p["arrays"]["voxels"]["shape"]) for p in self.voxel_partitions]
+        if voxels == "realtime":
+            self.sources_raw = [
+                self.store.commit_record("spike/voxels", k)["attrs"] for k in self.keys
+            ]
+
+    def cached_names(self) -> list[str]:
+        return ["blur", "sharp"]
+
+    def sources(self) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
+        found = super().sources()
+        if self.voxel_mode == "stored":
+            found["spike/voxels"] = (self.voxel_partitions, ["voxels"])
+        return found
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _voxels(self, item: int, start: int, y: slice, x: slice) -> np.ndarray:
+        clip = slice(start, start + self.clip_len)
+        if self.voxel_mode == "stored":
+            return self.cache.read("spike/voxels", item, "voxels", (clip, slice(None), y, x))
+        p = self.sources_raw[item]  # the voxels' provenance: how the raw stream was binned
+        _, bins, h, w = self.voxel_shapes[item]
+        folder = Path(p["source"]) / p["spike_folder"]
+        return np.stack(
+            [
+                sp.voxel_bins(
+                    read_dat(folder / f"{stem}.dat", h, w, p["layout"], p["frames"]), bins
+                )[:, y, x]
+                for stem in p["samples"][clip]
+            ]
+        )
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        def load() -> dict[str, Any]:
+            item, start = int(self.items[index]), int(self.starts[index])
+            h, w = self.shape_of(item, "blur")[1:3]
+            ch, cw = min(self.crop[0], h), min(self.crop[1], w)
+            rng = self.rng(index)
+            y0, x0 = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+            y, x = slice(y0, y0 + ch), slice(x0, x0 + cw)
+            region = (slice(start, start + self.clip_len), y, x, slice(None))
+
+            def frames(name: str) -> torch.Tensor:  # (L, h, w, 3) uint8 → (L, 3, h, w)
+                crop = self.region(item, name, region)
+                return torch.from_numpy(np.ascontiguousarray(crop.transpose(0, 3, 1, 2)))
+
+            voxels = torch.from_numpy(np.ascontiguousarray(self._voxels(item, start, y, x)))
+            return {
+                "blur": frames("blur"),
+                "sharp": frames("sharp"),
+                "voxels": voxels,
+                "item": item,
+            }
+
+        return self.guarded(index, load)
