@@ -1,12 +1,17 @@
-"""Build benchmarks: the whole CT branch per scan vs seed 003's naive preprocessing, and
-Dagster's per-partition overhead with one run per partition vs batched runs.
+"""Build benchmarks: the whole CT branch per scan vs seed 003's naive preprocessing,
+Dagster's per-partition overhead with one run per partition vs batched runs and on a SQLite
+vs a Postgres instance, and an 8-partition CT backfill through the daemon with steps on 2
+Celery workers vs the multiprocess executor (deploy/README.md).
 
     python benchmarks/build.py            # a 512×512×300 CT-RATE-class scan, 100 partitions
-    python benchmarks/build.py --quick    # small inputs (CI smoke run)
+    python benchmarks/build.py --quick    # small inputs, no backfills (CI smoke run)
+
+Postgres and Redis must answer on 127.0.0.1 (tests/services.py says how to start them).
 """
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -14,16 +19,24 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import yaml
 from _bench import bench, ratio
 
-from zarrfeed.assets import ct_assets
-from zarrfeed.assets.build import Built, materialize_partitions, partitioned_asset, report
-from zarrfeed.assets.partitions import ct_scans
+from zarrfeed.assets import family_assets
+from zarrfeed.assets.build import Built, materialize_partitions
+from zarrfeed.assets.metadata import partition_metadata
 from zarrfeed.definitions import RESOURCES
-from zarrfeed.formats.discover import find_ct_scans, read_ct_rate_metadata, rescale_from_metadata
+from zarrfeed.formats.discover import read_ct_rate_metadata
+from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.transforms import ct
+from zarrfeed.transforms.hu import csv_rescale
+
+# The deployment helpers the tests use: one way to start the production shape.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ct_builds import ct_deployment, ct_raw
+from services import REPO, instance_yaml, postgres_database, redis_database
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
@@ -63,8 +76,9 @@ def naive_ct_branch(path: Path, slope: float, intercept: float, out: Path) -> No
 def ct_branch(work: Path, size: str) -> None:
     raw = work / "raw"
     path = next(make_ct_rate(raw / "ct-rate", 1, size, np.random.default_rng(0)))
-    key = next(iter(find_ct_scans(raw)))
-    slope, intercept = rescale_from_metadata(read_ct_rate_metadata(raw).get(key))
+    key = path.name.removesuffix(".nii.gz")
+    claim = csv_rescale(read_ct_rate_metadata(raw).get(key))
+    slope, intercept = (claim.slope, claim.intercept) if claim else (1.0, 0.0)
     resources = {
         **RESOURCES,
         "zarr_store": ZarrStoreResource(url=str(work / "store.zarr")),
@@ -72,10 +86,10 @@ def ct_branch(work: Path, size: str) -> None:
         "ct_settings": CTSettings(),  # the defaults: CT-CLIP spacing, 3 windows, 64³ occupancy
     }
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        instance.add_dynamic_partitions(ct_scans.name, [key])
+        assert discover_into(instance, "ct", resources["raw"], resources["zarr_store"]) == [key]
+        assets = family_assets("ct", resources)
         t0 = time.perf_counter()
-        result = dg.materialize(ct_assets, partition_key=key, resources=resources,
-                                instance=instance)  # fmt: skip
+        result = dg.materialize(assets, partition_key=key, resources=resources, instance=instance)
         ours = time.perf_counter() - t0
     body = sum(m.metadata["seconds"].value for m in result.get_asset_materialization_events()
                for m in [m.materialization] if "seconds" in m.metadata)  # fmt: skip
@@ -106,8 +120,11 @@ CT_SHAPES = {"small": "40x96x96", "full": "300x512x512"}
 BODY_SECONDS: list[float] = []
 
 
-@partitioned_asset(partitions_def=dg.DynamicPartitionsDefinition(name="bench"), group="bench",
-                   code_version="1", checks=("non_empty",))  # fmt: skip
+@dg.asset(
+    partitions_def=dg.DynamicPartitionsDefinition(name="bench"),
+    code_version="1",
+    check_specs=[dg.AssetCheckSpec("non_empty", asset="bench_tiny", blocking=True)],
+)
 def bench_tiny(
     context: dg.AssetExecutionContext, zarr_store: ZarrStoreResource
 ) -> dg.MaterializeResult:
@@ -120,9 +137,27 @@ def bench_tiny(
             w.write("a", np.full((64, 64), len(key), np.uint8), read="whole")
         seconds = time.perf_counter() - t0
         BODY_SECONDS.append(seconds)
-        return Built(report(store, "bench/tiny", key, seconds), {"non_empty": (True, {})})
+        metadata = partition_metadata(store, "bench/tiny", key, seconds, "benchmark")
+        return Built(metadata, {"non_empty": (True, {})})
 
     return materialize_partitions(context, one)
+
+
+def overhead(instance: dg.DagsterInstance, keys: list[str], resources: dict, mode: str) -> float:
+    """Run time minus asset-body time per partition: one run per partition (``single``) or
+    16 partitions per run (``batched``, BackfillPolicy.multi_run(16) as the daemon splits it)."""
+    BODY_SECONDS.clear()
+    t0 = time.perf_counter()
+    if mode == "single":
+        for k in keys:
+            dg.materialize([bench_tiny], partition_key=k, resources=resources, instance=instance)
+    else:
+        for i in range(0, len(keys), 16):
+            batch = keys[i : i + 16]
+            tags = {"dagster/asset_partition_range_start": batch[0],
+                    "dagster/asset_partition_range_end": batch[-1]}  # fmt: skip
+            dg.materialize([bench_tiny], tags=tags, resources=resources, instance=instance)
+    return (time.perf_counter() - t0 - sum(BODY_SECONDS)) / len(keys)
 
 
 def dagster_overhead(work: Path, n: int) -> None:
@@ -132,26 +167,55 @@ def dagster_overhead(work: Path, n: int) -> None:
     with dg.instance_for_test(temp_dir=str(work / "home2")) as instance:
         instance.add_dynamic_partitions("bench", keys)
         for mode in ("single", "batched"):
-            BODY_SECONDS.clear()
-            t0 = time.perf_counter()
-            if mode == "single":
-                for k in keys:
-                    dg.materialize(
-                        [bench_tiny], partition_key=k, resources=resources, instance=instance
-                    )
-            else:
-                for i in range(0, n, 16):  # BackfillPolicy.multi_run(16), as the daemon splits it
-                    batch = keys[i : i + 16]
-                    tags = {"dagster/asset_partition_range_start": batch[0],
-                            "dagster/asset_partition_range_end": batch[-1]}  # fmt: skip
-                    dg.materialize([bench_tiny], tags=tags, resources=resources, instance=instance)
-            total = time.perf_counter() - t0
-            results[mode] = (total - sum(BODY_SECONDS)) / n
-    for mode, per in results.items():
-        text = f"per partition, {n} partitions, in-process runs: run time - asset body time"
-        bench(f"build.dagster_overhead_s.{mode}", per, "s", text)
+            results[mode] = overhead(instance, keys, resources, mode)
+    # The production instance's storage (deploy/dagster.yaml) on a fresh database.
+    storage = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["storage"]
+    with postgres_database() as pg:
+        os.environ.update(pg)
+        (work / "home3").mkdir()
+        with dg.instance_for_test(
+            temp_dir=str(work / "home3"), overrides={"storage": storage}
+        ) as instance:
+            instance.add_dynamic_partitions("bench", keys)
+            results["postgres"] = overhead(instance, keys, resources, "single")
+    text = f"per partition, {n} partitions, in-process runs: run time - asset body time"
+    bench("build.dagster_overhead_s.single", results["single"], "s", f"{text}, SQLite instance")
+    bench("build.dagster_overhead_s.batched", results["batched"], "s", f"{text}, SQLite instance")
+    bench("build.dagster_overhead_s.postgres", results["postgres"], "s",
+          f"{text}, one run per partition, Postgres instance (dagster-postgres)")  # fmt: skip
     ratio("build.dagster_overhead_batched_vs_single", results["batched"], results["single"],
           "16 partitions per run")  # fmt: skip
+    ratio("build.dagster_overhead_postgres_vs_sqlite", results["postgres"], results["single"],
+          "one run per partition: SQLite time / Postgres time")  # fmt: skip
+
+
+def backfill_seconds(work: Path, raw: Path, executor: str) -> float:
+    """Wall time of an 8-partition CT backfill (default CT settings) launched like the UI does
+    and run by the daemon on a fresh Postgres instance with deploy/dagster.yaml's limits:
+    steps on 2 Celery workers, or in subprocesses of each run (multiprocess executor)."""
+    workers = ("w1", "w2") if executor == "celery" else ()
+    production = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
+    with postgres_database() as pg, redis_database() as broker:
+        env = {**pg, **broker, "ZARRFEED_EXECUTOR": executor}
+        folder = work / executor
+        with ct_deployment(folder, raw, instance_yaml(production), env, workers) as (d, keys):
+            d.set_pool_limit("zarrfeed_io", 8)
+            t0 = time.perf_counter()
+            runs = d.wait_backfill(d.launch_backfill("ct_build", keys), len(keys))
+            seconds = time.perf_counter() - t0
+    assert all(r.is_success for r in runs), [r.status for r in runs]
+    return seconds
+
+
+def backfills(work: Path) -> None:
+    raw = ct_raw(work / "raw8", 8)
+    celery = backfill_seconds(work, raw, "celery")
+    multiprocess = backfill_seconds(work, raw, "multiprocess")
+    text = "8 CT partitions (40x96x96 scans), one run each, daemon + Postgres, wall time"
+    bench("build.backfill_8_s.celery", celery, "s", f"{text}, steps on 2 Celery workers")
+    bench("build.backfill_8_s.multiprocess", multiprocess, "s", f"{text}, multiprocess executor")
+    ratio("build.backfill_celery_vs_multiprocess", celery, multiprocess,
+          "8-partition backfill: multiprocess time / Celery time")  # fmt: skip
 
 
 def main() -> None:
@@ -165,6 +229,8 @@ def main() -> None:
         (work / "home2").mkdir()
         ct_branch(work, "small" if args.quick else "full")
         dagster_overhead(work, 20 if args.quick else 100)
+        if not args.quick:  # two deployments: minutes, not a smoke run
+            backfills(work)
 
 
 if __name__ == "__main__":

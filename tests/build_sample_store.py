@@ -5,10 +5,11 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+from graph import build, build_datasets, discover
 
-from zarrfeed.assets import all_assets, dataset_assets
 from zarrfeed.definitions import RESOURCES
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import CTSettings, ModelsResource, RawFolderResource, ZarrStoreResource
+from zarrfeed.store.contract import FAMILIES
 
 
 def main(raw: str, store: str, home: str) -> None:
@@ -16,6 +17,7 @@ def main(raw: str, store: str, home: str) -> None:
         **RESOURCES,
         "zarr_store": ZarrStoreResource(url=store),
         "raw": RawFolderResource(root=raw),
+        "models": ModelsResource(root=str(Path(home) / "models")),
         "ct_settings": CTSettings(
             spacing_zyx_mm=[2.0, 2.0, 2.0],
             windows=["lung", "bone"],
@@ -23,19 +25,12 @@ def main(raw: str, store: str, home: str) -> None:
             patch_stride_zyx=[16, 32, 32],
         ),
     }
-    found = {
-        "ct_scans": resources["raw"].ct_scans(),
-        "spike_sequences": resources["raw"].spike_sequences(),
-        "image_sets": resources["raw"].image_sets(),
-    }
     Path(home).mkdir(parents=True, exist_ok=True)
     with dg.instance_for_test(temp_dir=home) as instance:
-        for name, keys in found.items():
-            instance.add_dynamic_partitions(name, sorted(keys))
-            assets = [a for a in all_assets if a.partitions_def and a.partitions_def.name == name]
-            for key in sorted(keys):
-                dg.materialize(assets, partition_key=key, resources=resources, instance=instance)
-        dg.materialize(dataset_assets, resources=resources, instance=instance)
+        for family in FAMILIES:
+            for key in discover(instance, resources, family):
+                build(resources, instance, family, key)
+        build_datasets(resources, instance)
 
 
 if __name__ == "__main__":

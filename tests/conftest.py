@@ -61,7 +61,7 @@ def dagster_env(tmp_path: Path, sample_dir: Path):
     import dagster as dg
 
     from zarrfeed.definitions import RESOURCES
-    from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+    from zarrfeed.resources import CTSettings, ModelsResource, RawFolderResource, ZarrStoreResource
 
     raw = tmp_path / "raw"
     shutil.copytree(sample_dir, raw)
@@ -69,6 +69,7 @@ def dagster_env(tmp_path: Path, sample_dir: Path):
         **RESOURCES,
         "zarr_store": ZarrStoreResource(url=str(tmp_path / "store.zarr")),
         "raw": RawFolderResource(root=str(raw)),
+        "models": ModelsResource(root=str(tmp_path / "models")),
         "ct_settings": CTSettings(
             spacing_zyx_mm=[5.0, 3.0, 3.0], windows=["lung", "bone"], sparse_grid=16
         ),
@@ -93,3 +94,23 @@ def built(tmp_path_factory, sample_dir):
     out = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return ZarrStore(tmp / "store.zarr"), raw
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """``zarrfeed sample-data --with-faults`` then ``zarrfeed demo``, once per session in a
+    fresh folder: (folder, env pointing at what it made, the demo's completed process)."""
+    import os
+
+    tmp = tmp_path_factory.mktemp("demo")
+    home, store, raw = tmp / "home", tmp / "store.zarr", tmp / "raw"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "ZARRFEED_RAW": str(raw),
+           "ZARRFEED_STORE": str(store), "ZARRFEED_MODELS": str(tmp / "models")}  # fmt: skip
+    zarrfeed = Path(sys.executable).with_name("zarrfeed")
+    made = subprocess.run([zarrfeed, "sample-data", raw, "--with-faults"], capture_output=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    args = ["demo", "--raw", raw, "--store", store, "--dagster-home", home]
+    out = subprocess.run(
+        [zarrfeed, *args], capture_output=True, text=True, timeout=600, cwd=tmp, env=env
+    )
+    return tmp, env, out

@@ -1,100 +1,146 @@
 """The CT branch against a real Dagster instance (temporary DAGSTER_HOME) and real Zarr."""
 
 import shutil
+from datetime import datetime
 
 import dagster as dg
 import numpy as np
 import pytest
-from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._core.loader import LoadingContextForTest
+from graph import build, checks, discover, failure
 
-from zarrfeed.assets import ct_assets
-from zarrfeed.assets.partitions import ct_scans
+from zarrfeed.assets import family_assets
 from zarrfeed.formats import write_nifti
-from zarrfeed.jobs import sensors
+from zarrfeed.jobs import schedules, sensors
+from zarrfeed.resources import CTSettings
 
 KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 
 
-@pytest.fixture
-def env(dagster_env):
-    return dagster_env
+def sensor(name):
+    return next(s for s in sensors if s.name == name)
 
 
-def materialize(resources, instance, key, raise_on_error=True):
-    return dg.materialize(ct_assets, partition_key=key, resources=resources, instance=instance,
-                          raise_on_error=raise_on_error)  # fmt: skip
-
-
-def test_discovery_sensor_adds_partitions_and_requests_runs(env):
-    raw, resources, instance = env
-    ct_scan_discovery = next(s for s in sensors if s.name == "ct_discovery")
-    ctx = dg.build_sensor_context(instance=instance, resources={"raw": resources["raw"]})
-    result = ct_scan_discovery(ctx)
+def test_discovery_sensor_adds_partitions_requests_runs_and_reports_gone_sources(dagster_env):
+    raw, resources, instance = dagster_env
+    ct_discovery = sensor("ct_discovery")
+    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    result = ct_discovery(ctx)
     assert sorted(r.partition_key for r in result.run_requests) == KEYS
     assert result.dynamic_partitions_requests[0].partition_keys == KEYS
-    instance.add_dynamic_partitions(ct_scans.name, KEYS)  # what the daemon does with the request
-    assert isinstance(ct_scan_discovery(ctx), dg.SkipReason)
-    src = raw / "ct-rate/dataset/valid_fixed/valid_1/valid_1_a/valid_1_a_1.nii.gz"
-    shutil.copy(src, src.with_name("valid_9_a_1.nii.gz"))
-    assert [r.partition_key for r in ct_scan_discovery(ctx).run_requests] == ["valid_9_a_1"]
+    instance.add_dynamic_partitions("ct_scans", KEYS)  # what the daemon does with the request
+    assert isinstance(ct_discovery(ctx), dg.SkipReason)
+    folder = raw / "ct-rate/dataset/valid_fixed/valid_1/valid_1_a"
+    shutil.copy(folder / "valid_1_a_1.nii.gz", folder / "valid_9_a_1.nii.gz")
+    result = ct_discovery(ctx)
+    assert [r.partition_key for r in result.run_requests] == ["valid_9_a_1"]
+    instance.add_dynamic_partitions("ct_scans", ["valid_9_a_1"])
+    (folder / "valid_9_a_1.nii.gz").unlink()
+    write_nifti(folder / "valid_1_a_1.nii.gz", np.zeros((4, 8, 8), np.int16), (1.0, 1.0, 1.0))
+    result = ct_discovery(ctx)
+    assert [(r.partition_key, r.tags["zarrfeed/reason"]) for r in result.run_requests] == [
+        ("valid_1_a_1", "raw item changed")
+    ]
+    gone = [(e.partition, e.metadata["source"].value) for e in result.asset_events]
+    assert gone == [("valid_9_a_1", "gone")]
 
 
 @pytest.mark.slow
-def test_branch_materialises_raw_and_hu_stored_scans_identically_twice(env):
-    _, resources, instance = env
-    instance.add_dynamic_partitions(ct_scans.name, KEYS)
+def test_branch_materialises_raw_and_hu_stored_scans_identically_twice(dagster_env):
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
     store = resources["zarr_store"].store()
     for key in ("train_1_a_1", "train_1_a_2"):  # raw values + CSV rescale, and HU on disk
-        result = materialize(resources, instance, key)
-        assert all(c.passed for c in result.get_asset_check_evaluations())
-        hu = store.open_array("ct/hu", key, "hu")[...]
+        result = build(resources, instance, "ct", key)
+        assert all(checks(result).values())
+        hu = store.read_array("ct/hu", key, "hu")
         assert hu.dtype == np.int16 and -1024 <= hu.min() < -950 and hu.max() > 200
         lung = store.open_array("ct/windows", key, "lung")
         assert lung.dtype == np.float16 and lung.chunks == tuple(min(64, n) for n in lung.shape)
-        assert store.commit_record("ct/hu", key)["attrs"]["params"]["source_in_hu"] == (
-            key == "train_1_a_2"
-        )
-    first = store.open_array("ct/windows", "train_1_a_1", "bone")[...]
-    materialize(resources, instance, "train_1_a_1")
-    np.testing.assert_array_equal(store.open_array("ct/windows", "train_1_a_1", "bone")[...], first)
+        decision = store.commit_record("ct/hu", key)["attrs"]["hu_rescale"]
+        assert decision["intercept"] == (-1024 if key == "train_1_a_1" else 0), decision
+    version = store.commit_record("ct/windows", "train_1_a_1")["version"]
+    result = build(resources, instance, "ct", "train_1_a_1")  # unchanged: reused, re-checked
+    assert all(checks(result).values())
+    assert store.commit_record("ct/windows", "train_1_a_1")["version"] == version
     mat = instance.get_latest_materialization_event(dg.AssetKey("ct_windows")).asset_materialization
-    assert (
-        mat.metadata["compression_ratio"].value > 1
-        and "data:image/png" in mat.metadata["preview"].value
-    )
+    assert mat.metadata["reused"].value is True
+    assert mat.metadata["compression_ratio"].value > 1
+    assert "data:image/png" in mat.metadata["preview"].value
 
 
 @pytest.mark.slow
-def test_corrupt_input_fails_alone_and_keeps_committed_data(env):
-    raw, resources, instance = env
-    instance.add_dynamic_partitions(ct_scans.name, KEYS)
+def test_corrupt_input_fails_alone_and_keeps_committed_data(dagster_env):
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
     store = resources["zarr_store"].store()
-    materialize(resources, instance, "train_2_a_1")
-    before = store.open_array("ct/hu", "train_2_a_1", "hu")[...]
+    build(resources, instance, "ct", "train_2_a_1")
+    before = store.read_array("ct/hu", "train_2_a_1", "hu")
     bad = raw / "ct-rate/dataset/train_fixed/train_2/train_2_a/train_2_a_1.nii.gz"
     bad.write_bytes(b"not a nifti file")
-    result = materialize(resources, instance, "train_2_a_1", raise_on_error=False)
-    assert not result.success
-    failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "train_2_a_1.nii.gz" in failure.event_specific_data.error.to_string()
-    np.testing.assert_array_equal(store.open_array("ct/hu", "train_2_a_1", "hu")[...], before)
-    assert materialize(resources, instance, "valid_1_a_1").success
+    discover(instance, resources, "ct")  # the catalog sees the change
+    result = build(resources, instance, "ct", "train_2_a_1", raise_on_error=False)
+    assert not result.success and "train_2_a_1.nii.gz" in failure(result)
+    np.testing.assert_array_equal(store.read_array("ct/hu", "train_2_a_1", "hu"), before)
+    assert build(resources, instance, "ct", "valid_1_a_1").success
+
+
+def latest(instance, asset, key):
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[key]), limit=1
+    ).records
+    return records[0].asset_materialization
 
 
 @pytest.mark.slow
-def test_changed_raw_file_makes_only_its_partition_stale(env):
-    raw, resources, instance = env
-    instance.add_dynamic_partitions(ct_scans.name, KEYS)
+def test_changes_make_exactly_the_affected_partitions_stale_and_the_nightly_rebuilds_them(
+    dagster_env,
+):
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
     for key in ("train_1_a_1", "train_2_a_1"):
-        materialize(resources, instance, key)
-    changed = raw / "ct-rate/dataset/train_fixed/train_2/train_2_a/train_2_a_1.nii.gz"
-    write_nifti(changed, np.full((20, 40, 40), -1000, dtype=np.int16), (5.0, 3.6, 3.6))
-    for key in ("train_1_a_1", "train_2_a_1"):  # re-ingest: the hash is the data version
-        dg.materialize([ct_assets[0]], partition_key=key, resources=resources, instance=instance)
-    graph = AssetGraph.from_assets(ct_assets)
-    # Dagster's own staleness resolver (what the UI shows); internal, pinned by dagster 1.13.
-    status = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance)).get_status
-    assert status(dg.AssetKey("ct_hu"), "train_2_a_1") == StaleStatus.STALE
-    assert status(dg.AssetKey("ct_hu"), "train_1_a_1") == StaleStatus.FRESH
+        build(resources, instance, "ct", key)
+    nightly = next(s for s in schedules if s.name == "ct_nightly")
+
+    def requested(res):
+        with dg.build_schedule_context(
+            instance=instance, resources=res, scheduled_execution_time=datetime(2026, 11, 22, 2)
+        ) as ctx:
+            out = nightly(ctx)
+        if isinstance(out, dg.SkipReason):
+            return {}
+        return {r.partition_key: r.tags["zarrfeed/reason"] for r in out}
+
+    missing = {"train_1_a_2": "ct_hu missing", "valid_1_a_1": "ct_hu missing"}
+    assert requested(resources) == missing
+    # A changed setting: a new code version for exactly the assets that declare it …
+    values = {**resources["ct_settings"].values(), "sparse_threshold": 0.7}
+    changed = {**resources, "ct_settings": CTSettings(**values)}
+    before = {a.node_def.name: a for a in family_assets("ct", resources)}
+    after = {a.node_def.name: a for a in family_assets("ct", changed)}
+    steps = {"ct_hu": ["ct_hu"], "ct_derived": ["ct_windows", "ct_sparse", "ct_patches"]}
+    versions = {
+        name: (
+            before[step].code_versions_by_key[dg.AssetKey(name)],
+            after[step].code_versions_by_key[dg.AssetKey(name)],
+        )
+        for step, names in steps.items()
+        for name in names
+    }
+    assert [n for n, (a, b) in versions.items() if a != b] == ["ct_sparse"]
+    recorded = latest(instance, "ct_sparse", "train_1_a_1").tags["dagster/code_version"]
+    assert recorded == versions["ct_sparse"][0]  # what the UI compares with the new version
+    # … and the nightly rebuilds exactly those partitions.
+    why = "ct_sparse: inputs, settings or code changed since the last build"
+    stale = dict.fromkeys(("train_1_a_1", "train_2_a_1"), why)
+    assert requested(changed) == {**missing, **stale}
+    # A changed raw file: a new data version for its raw partition only, and a rebuild.
+    path = raw / "ct-rate/dataset/train_fixed/train_2/train_2_a/train_2_a_1.nii.gz"
+    write_nifti(path, np.full((20, 40, 40), -1000, dtype=np.int16), (5.0, 3.6, 3.6))
+    discover(instance, resources, "ct")
+    assert requested(resources) == {**missing, "train_2_a_1": "raw item changed"}
+    for key in ("train_1_a_1", "train_2_a_1"):
+        old = latest(instance, "ct_raw_scan", key).tags["dagster/data_version"]
+        raw_scan = [a for a in family_assets("ct", resources) if a.node_def.name == "ct_raw_scan"]
+        dg.materialize(raw_scan, partition_key=key, resources=resources, instance=instance)
+        new = latest(instance, "ct_raw_scan", key).tags["dagster/data_version"]
+        assert (new != old) == (key == "train_2_a_1")  # so only its ct_hu is stale in the UI

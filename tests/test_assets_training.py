@@ -64,7 +64,7 @@ def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path)
         assert all(v for v in trained_on["data_versions"].values())  # the dataset's version
         checkpoint = meta["dagster/uri"].value
         assert checkpoint.startswith(str(tmp_path / "models")) and result.run_id in checkpoint
-    checks = [c for c in result.get_asset_check_evaluations() if c.check_name == "loss_fell"]
+    checks = [c for c in result.get_asset_check_evaluations() if c.check_name == "learned"]
     assert len(checks) == 4
 
 

@@ -11,12 +11,20 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pytest
+from graph import build, checks, failure
 from mockhub import MockHub
 
-from zarrfeed.assets import hub_assets
-from zarrfeed.assets.partitions import hub_ct_scans
+from zarrfeed.assets.datasets import ct_dataset
+from zarrfeed.assets.hub import hub_ct_catalog
+from zarrfeed.assets.partitions import ct_scans
+from zarrfeed.definitions import RESOURCES
 from zarrfeed.formats.discover import read_ct_rate_labels
-from zarrfeed.resources import BuildOptions, HuggingFaceResource, ZarrStoreResource
+from zarrfeed.resources import (
+    CTSettings,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.sources import CTRateHub, HubError
 
 REPO = "ibrahimhamamci/CT-RATE"
@@ -116,7 +124,7 @@ def closed_port() -> str:
 
 
 @pytest.mark.slow
-def test_catalog_and_volumes_materialise_resume_and_never_record_the_token(hub):
+def test_hub_volumes_are_ct_scans_built_by_the_ct_graph_and_never_record_the_token(hub):
     server, repo, tmp_path = hub
     hf = HuggingFaceResource(
         split="train",
@@ -126,45 +134,48 @@ def test_catalog_and_volumes_materialise_resume_and_never_record_the_token(hub):
         download_retries=1,
     )
     resources = {
+        **RESOURCES,
         "hf": hf,
         "zarr_store": ZarrStoreResource(url=str(tmp_path / "store.zarr")),
-        "build": BuildOptions(),
-    }
+        "raw": RawFolderResource(root=str(tmp_path / "no-raw-folder")),
+        "ct_settings": CTSettings(spacing_zyx_mm=[5.0, 3.0, 3.0], windows=["lung"],
+                                  sparse_grid=16),
+    }  # fmt: skip
     store = resources["zarr_store"].store()
     (tmp_path / "home").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
-        result = dg.materialize(hub_assets[:1], resources=resources, instance=instance)
+        result = dg.materialize([hub_ct_catalog], resources=resources, instance=instance)
         assert result.success
-        assert instance.get_dynamic_partitions(hub_ct_scans.name) == TRAIN[:2]
+        assert instance.get_dynamic_partitions(ct_scans.name) == TRAIN[:2]  # CT scans
         catalog = store.open_partition("hub/catalog", "train")
         _, rows = read_ct_rate_labels(repo)
         np.testing.assert_array_equal(catalog["labels"][...], [rows[k] for k in TRAIN[:2]])
-        for key in TRAIN[:2]:
-            r = dg.materialize(
-                hub_assets[1:], partition_key=key, resources=resources, instance=instance
-            )
-            assert all(c.passed for c in r.get_asset_check_evaluations())
-        image = store.open_array("hub/ctclip", TRAIN[0], "image")
-        assert image.shape == (240, 480, 480) and image.dtype == np.float16
-        attrs = store.commit_record("hub/ctclip", TRAIN[0])["attrs"]
-        assert attrs["revision_sha"] in attrs["source"] and attrs["source_sha256"] == server.sha256(
-            catalog.attrs["files"][TRAIN[0]][0]
-        )
+        for key in TRAIN[:2]:  # the CT graph builds them: raw scan, HU, windows, sparse, patches
+            r = build(resources, instance, "ct", key)
+            assert r.success and all(checks(r).values())
+        hu = store.read_array("ct/hu", TRAIN[0], "hu")
+        assert hu.dtype == np.int16 and -1024 <= hu.min() < -950 and hu.max() > 200
+        attrs = store.commit_record("ct/hu", TRAIN[0])["attrs"]
+        item = resources["zarr_store"].catalog("ct").get(TRAIN[0])
+        sha = catalog.attrs["revision_sha"]
+        assert attrs["source"].startswith(f"hf://datasets/{REPO}@{sha}/")
+        assert attrs["source_sha256"] == server.sha256(item.detail["path"])
+        # They reach the CT dataset, labels included.
+        assert dg.materialize([ct_dataset], resources=resources, instance=instance).success
+        assert store.read_manifest("ct")["keys"] == TRAIN[:2]
+        labels = store.read_array("datasets/ct", "labels", "labels")
+        np.testing.assert_array_equal(labels, [rows[k] for k in TRAIN[:2]])
         # A rerun downloads nothing: both partitions are reused from their fingerprints.
         before = len(server.requests)
         for key in TRAIN[:2]:
-            dg.materialize(
-                hub_assets[1:], partition_key=key, resources=resources, instance=instance
-            )
-        assert not [
-            r for r in server.requests[before:] if "/resolve/" in r["path"] and "nii" in r["path"]
-        ]
-        # The hub goes away: the new partition fails as retryable and nothing is committed.
-        instance.add_dynamic_partitions(hub_ct_scans.name, ["train_2_a_1"])
-        store.delete_partition("hub/ctclip", TRAIN[1])
-        sha = catalog.attrs["revision_sha"]
+            build(resources, instance, "ct", key)
+        downloads = [r for r in server.requests[before:]
+                     if "/resolve/" in r["path"] and "nii" in r["path"]]  # fmt: skip
+        assert not downloads
+        # The hub goes away: the partition fails as retryable and nothing is committed.
+        store.delete_partition("ct/hu", TRAIN[1])
         cached = tmp_path / "hf" / f"datasets--{REPO.replace('/', '--')}" / "snapshots" / sha
-        hf.hub().forget(cached / catalog.attrs["files"][TRAIN[1]][0])  # not in the cache either
+        hf.hub().forget(cached / resources["zarr_store"].catalog("ct").get(TRAIN[1]).detail["path"])
         offline_hf = HuggingFaceResource(
             split="train",
             cache_dir=str(tmp_path / "hf"),
@@ -172,31 +183,20 @@ def test_catalog_and_volumes_materialise_resume_and_never_record_the_token(hub):
             max_scans=2,
             download_retries=1,
         )
-        down = {**resources, "hf": offline_hf}
-        r = dg.materialize(
-            hub_assets[1:],
-            partition_key=TRAIN[1],
-            resources=down,
-            instance=instance,
-            raise_on_error=False,
-        )
-        assert not r.success and not store.has_partition("hub/ctclip", TRAIN[1])
-        failure = next(e for e in r.all_events if e.is_step_failure)
-        message = failure.event_specific_data.error.to_string()
+        r = build({**resources, "hf": offline_hf}, instance, "ct", TRAIN[1], raise_on_error=False)
+        assert not r.success and not store.has_partition("ct/hu", TRAIN[1])
+        message = failure(r)
         assert "network failure" in message or "offline" in message
         logs = json.dumps([str(e) for e in instance.all_logs(result.run_id)])
         records = json.dumps(
-            [
-                store.commit_record("hub/catalog", "train"),
-                store.commit_record("hub/ctclip", TRAIN[0]),
-            ]
+            [store.commit_record("hub/catalog", "train"), store.commit_record("ct/hu", TRAIN[0])]
         )
         assert TOKEN not in logs and TOKEN not in records and TOKEN not in message
     assert all(r["authorization"] == f"Bearer {TOKEN}" for r in server.requests)  # it was sent
 
 
 @pytest.mark.slow
-def test_hub_command_builds_n_scans_with_a_progress_bar(hub):
+def test_hub_command_builds_n_scans_and_reports_progress(hub):
     server, _, tmp_path = hub
     cmd = [
         Path(sys.executable).with_name("zarrfeed"),
@@ -216,5 +216,6 @@ def test_hub_command_builds_n_scans_with_a_progress_bar(hub):
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "hub volumes" in out.stderr and "2/2 runs succeeded" in out.stdout  # tqdm, table
+    # Piped, the progress display is one line per run; the table and the count follow.
+    assert "] hub volume " in out.stdout and "2/2 runs succeeded" in out.stdout
     assert TOKEN not in out.stdout + out.stderr

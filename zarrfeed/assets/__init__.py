@@ -1,25 +1,38 @@
-"""Dagster assets: orchestration only; the work is in transforms, formats and store."""
+"""Dagster assets: orchestration only; the work is in transforms, formats and store.
 
-from zarrfeed.assets.ct import ct_derived, ct_hu, ct_raw_scan
-from zarrfeed.assets.datasets import ct_dataset, image_dataset, spike_dataset
-from zarrfeed.assets.hub import hub_ct_catalog, hub_ct_volume
-from zarrfeed.assets.images import image_patches, image_raw_set, image_store
-from zarrfeed.assets.spike import spike_frames, spike_raw_sequence, spike_voxels
+Stored assets take their keys, dependencies, checks, descriptions and code versions from the
+data contract (``zarrfeed.store.contract``); code versions include a hash of the settings an
+asset declares, so :func:`make_assets` builds them from the settings the code location runs
+with.
+"""
+
+from collections.abc import Mapping
+
+import dagster as dg
+
+from zarrfeed.assets.ct import ct_assets
+from zarrfeed.assets.datasets import dataset_assets
+from zarrfeed.assets.hub import hub_ct_catalog
+from zarrfeed.assets.images import image_assets
+from zarrfeed.assets.spike import spike_assets
 from zarrfeed.assets.training import model_assets
+from zarrfeed.resources import Settings
 
-ct_assets = [ct_raw_scan, ct_hu, ct_derived]
-spike_assets = [spike_raw_sequence, spike_voxels, spike_frames]
-image_assets = [image_raw_set, image_store, image_patches]
-dataset_assets = [ct_dataset, spike_dataset, image_dataset]
-hub_assets = [hub_ct_catalog, hub_ct_volume]
-all_assets = [*ct_assets, *spike_assets, *image_assets, *dataset_assets, *hub_assets, *model_assets]
+FAMILY_ASSETS = {"ct": ct_assets, "spike": spike_assets, "images": image_assets}
+SETTINGS = {"ct": "ct_settings", "spike": "spike_settings", "images": "image_settings"}
 
-__all__ = [
-    "all_assets",
-    "ct_assets",
-    "dataset_assets",
-    "hub_assets",
-    "image_assets",
-    "model_assets",
-    "spike_assets",
-]
+
+def family_assets(family: str, resources: Mapping[str, object]) -> list[dg.AssetsDefinition]:
+    """One family's assets, with code versions from the settings in ``resources``."""
+    settings = resources.get(SETTINGS[family])
+    values = settings.values() if isinstance(settings, Settings) else {}
+    return FAMILY_ASSETS[family](values)
+
+
+def make_assets(resources: Mapping[str, object]) -> list[dg.AssetsDefinition]:
+    """Every asset of the code location."""
+    families = [a for family in FAMILY_ASSETS for a in family_assets(family, resources)]
+    return [*families, *dataset_assets, hub_ct_catalog, *model_assets]
+
+
+__all__ = ["dataset_assets", "family_assets", "make_assets", "model_assets"]

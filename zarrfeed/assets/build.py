@@ -1,14 +1,22 @@
-"""How every partitioned asset runs: one partition or a batch, reuse or rebuild, then checks.
+"""How every stored asset's partitions are built: one routine, driven by the data contract.
 
-An asset supplies ``build(key) -> Built``; :func:`materialize_partitions` runs it for the run's
-partition (sensor, schedule and UI runs) or for each partition of a batched backfill run, and
-turns the results into one ``MaterializeResult``.  Dagster 1.13 records one materialisation
-and one check result per asset per step, whatever the number of partitions, so a batch reports
-per-partition facts in a table and a check passes only when it passed for every partition.
+An asset supplies a :class:`Step` per partition — its fingerprint inputs, how to produce its
+arrays, how to check them — and :func:`build_partition` does the rest the same way for all:
+
+1. the fingerprint from the contract (code version, declared settings, inputs);
+2. reuse when the committed partition has that fingerprint and its stored data still passes
+   the checks (stored data that fails them is rebuilt: corruption heals itself);
+3. otherwise produce, conform to the contract (names, dtypes, dims), check **before
+   committing**, and commit the arrays with their provenance and check results — a
+   partition that fails a blocking check is committed for inspection but never enters a
+   dataset (``store.contract.failed_checks``);
+4. the metadata and check results Dagster records.
+
+:func:`materialize_partitions` runs it for the run's partition or for each partition of a
+batched backfill run; :func:`stored_asset` and :func:`stored_multi_asset` declare the Dagster
+assets from the contract.
 """
 
-import hashlib
-import json
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -16,17 +24,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
+import numpy as np
 
+from zarrfeed.assets.checks import CHECK_DOCS
 from zarrfeed.assets.metadata import partition_metadata
+from zarrfeed.checksums import ATTR, array_sha256
 from zarrfeed.errors import ZarrfeedError
-from zarrfeed.store import ZarrStore, read_array
+from zarrfeed.store import ZarrStore, provenance
+from zarrfeed.store.contract import StoredAsset, failed_checks
 
-# backfill_policy= is marked beta in dagster 1.13; it is the documented way to batch.
-warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_policy")
+# Beta in dagster 1.13 and used on purpose: backfill_policy= (the documented way to batch) and
+# owners= on jobs, sensors and schedules (the catalog shows who owns each, as for assets).
+warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*(backfill_policy|owners)")
 
 # Backfills of derived assets run this many partitions per run: the ~1–2 s start-up of a run
 # is paid once per batch instead of once per partition (benchmarks/build.py).
 BATCH = dg.BackfillPolicy.multi_run(max_partitions_per_run=16)
+OWNERS = ["team:ml-data"]
+IO_POOL = "zarrfeed_io"  # raw ingest and downloads (deploy/dagster.yaml sets its limit)
+
+Checks = dict[str, tuple[bool, dict[str, Any]]]
 
 
 @dataclass
@@ -34,106 +51,161 @@ class Built:
     """What building (or reusing) one partition reports."""
 
     metadata: dict[str, Any]
-    checks: dict[str, tuple[bool, dict[str, Any]]] = field(default_factory=dict)
+    checks: Checks = field(default_factory=dict)
     data_version: str | None = None
 
 
-def fingerprint(code_version: str, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> str:
-    """A hash of everything a partition's content depends on (stored in its provenance)."""
-    blob = json.dumps([code_version, params, inputs], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+@dataclass
+class Step:
+    """What an asset supplies to build one partition."""
+
+    inputs: dict[str, Any]  # the fingerprint inputs the contract declares
+    source: str  # provenance: where the data came from
+    source_sha256: str | None
+    produce: Callable[[], dict[str, np.ndarray]]
+    check: Callable[[dict[str, np.ndarray]], Checks]
+    describe: Callable[[dict[str, np.ndarray]], dict[str, Any]] = lambda arrays: {}
+    attrs: dict[str, Any] = field(default_factory=dict)  # more provenance
 
 
-def upstream_input(store: ZarrStore, asset: str, key: str) -> dict[str, Any]:
-    """The identity of an upstream partition as an input of a fingerprint."""
-    attrs = store.commit_record(asset, key)["attrs"]
-    return {
-        "asset": asset,
-        "fingerprint": attrs.get("fingerprint"),
-        "sha": attrs.get("source_sha256"),
-    }
+def upstream(store: ZarrStore, spec: StoredAsset, key: str) -> str:
+    """The fingerprint of partition ``key`` of upstream ``spec``: an input of the next stage.
+    Building on a missing partition or one that failed its checks fails, naming it."""
+    try:
+        record = store.commit_record(spec.path, key)
+    except ZarrfeedError:
+        raise dg.Failure(f"{spec.name}[{key}] is not built: materialise it first") from None
+    failed = failed_checks(record)
+    if failed:
+        raise dg.Failure(
+            f"{spec.name}[{key}] failed its checks ({', '.join(failed)}): fix its source; "
+            "nothing is built on it"
+        )
+    return record["attrs"]["fingerprint"]
 
 
-def reuse(store: ZarrStore, asset: str, key: str, fp: str, force: bool) -> bool:
-    """True when the committed partition was built from the same inputs, code and params."""
-    if force or not store.has_partition(asset, key):
-        return False
-    return store.commit_record(asset, key)["attrs"].get("fingerprint") == fp
+def stored_arrays(store: ZarrStore, spec: StoredAsset, key: str) -> dict[str, np.ndarray]:
+    names = sorted(store.commit_record(spec.path, key)["arrays"])
+    return {name: store.read_array(spec.path, key, name) for name in names}
 
 
-def checked_arrays(
-    store: ZarrStore, asset: str, key: str, fresh: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The arrays the checks run on: those just written, or the stored ones when reused.
-
-    Reading a fresh partition back would double its I/O (about 40 % of the CT windows
-    step); a reused partition is read, so corruption on disk fails its checks.
-    """
-    if fresh is not None:
-        return fresh
-    group = store.open_partition(asset, key)
-    return {name: read_array(group[name]) for name in sorted(group.array_keys())}
-
-
-def report(store: ZarrStore, asset: str, key: str, seconds: float | None, **extra: Any) -> dict:
-    """Standard metadata of a partition; ``seconds=None`` marks a reused partition."""
-    meta = partition_metadata(store, asset, key, seconds or 0.0)
-    return {**meta, "reused": seconds is None, **extra}
+def conform(spec: StoredAsset, settings: Mapping[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Refuse arrays that break the contract (a bug, never a bad input)."""
+    want = spec.array_names(settings)
+    if sorted(arrays) != sorted(want):
+        raise ValueError(f"{spec.name}: produced arrays {sorted(arrays)}, contract says {want}")
+    for name, data in arrays.items():
+        a = spec.array(name)
+        allowed = (a.dtype,) if isinstance(a.dtype, str) else a.dtype
+        if data.dtype.name not in allowed or data.ndim != len(a.dims):
+            raise ValueError(
+                f"{spec.name}.{name}: produced {data.dtype} with {data.ndim} dims, contract "
+                f"says {allowed} {a.dims}"
+            )
 
 
-def partitioned_asset(
-    *,
+def build_partition(
+    store: ZarrStore,
+    spec: StoredAsset,
+    key: str,
+    settings: Mapping[str, Any],
+    force: bool,
+    step: Step,
+) -> Built:
+    fingerprint = spec.fingerprint(settings, key, step.inputs)
+    record = store.commit_record(spec.path, key) if store.has_partition(spec.path, key) else None
+    why = "forced" if force else None
+    if why is None and record is not None and record["attrs"].get("fingerprint") == fingerprint:
+        arrays = stored_arrays(store, spec, key)
+        checks = step.check(arrays)
+        recorded = record.get("checks") or {}
+        if all(ok == recorded.get(n, True) for n, (ok, _) in checks.items()):
+            metadata = partition_metadata(store, spec.path, key, None, "unchanged inputs")
+            return Built({**metadata, **step.describe(arrays)}, checks, fingerprint)
+        why = "stored data failed its checks"
+    why = why or ("first build" if record is None else "inputs, settings or code changed")
+    t0 = time.perf_counter()
+    arrays = step.produce()
+    conform(spec, settings, arrays)
+    checks = step.check(arrays)
+    attrs = provenance(
+        step.source,
+        step.source_sha256,
+        spec.version,
+        spec.settings_of(settings, key),
+        fingerprint=fingerprint,
+        **{ATTR: {name: array_sha256(data) for name, data in arrays.items()}},
+        **step.attrs,
+    )
+    with store.write_partition(spec.path, key, attrs) as w:
+        for name, data in arrays.items():
+            a = spec.array(name)
+            w.write(name, data, read=a.read, content=a.content, dimension_names=a.dims)
+        w.checks = {n: ok for n, (ok, _) in checks.items()}
+    seconds = time.perf_counter() - t0
+    metadata = partition_metadata(store, spec.path, key, seconds, why)
+    return Built({**metadata, **step.describe(arrays)}, checks, fingerprint)
+
+
+def check_specs(spec: StoredAsset) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(c, asset=spec.name, blocking=True, description=CHECK_DOCS[c])
+        for c in spec.checks
+    ]
+
+
+def stored_asset(
+    spec: StoredAsset,
+    settings: Mapping[str, Any],
     partitions_def: dg.PartitionsDefinition,
-    group: str,
-    code_version: str,
-    checks: tuple[str, ...],
-    deps: tuple = (),
-    batched: bool = True,
+    deps: list[str],
 ) -> Callable:
-    """``@dg.asset`` with zarrfeed's conventions: blocking checks, batched backfills."""
+    """``@dg.asset`` for a stored asset, everything taken from its declaration."""
 
     def wrap(fn: Callable) -> dg.AssetsDefinition:
         return dg.asset(
+            name=spec.name,
             partitions_def=partitions_def,
-            deps=list(deps),
-            group_name=group,
-            code_version=code_version,
-            backfill_policy=BATCH if batched else None,
-            check_specs=[dg.AssetCheckSpec(c, asset=fn.__name__, blocking=True) for c in checks],
+            deps=deps,
+            group_name=spec.family,
+            code_version=spec.code_version(settings),
+            description=spec.description,
+            kinds=set(spec.kinds),
+            owners=OWNERS,
+            tags={"family": spec.family, "stage": "stored"},
+            backfill_policy=BATCH,
+            check_specs=check_specs(spec),
         )(fn)
 
     return wrap
 
 
-def partitioned_multi_asset(
-    *,
+def stored_multi_asset(
     name: str,
+    specs: list[StoredAsset],
+    settings: Mapping[str, Any],
     partitions_def: dg.PartitionsDefinition,
-    group: str,
-    assets: Mapping[str, tuple[str, tuple[str, ...], tuple[str, ...], Callable]],
+    deps: Mapping[str, list[str]],
 ) -> Callable:
-    """``@dg.multi_asset`` over ``assets`` (name -> code version, checks, deps, builder whose
-    docstring describes the asset), subsettable, with the same conventions as
-    :func:`partitioned_asset`."""
+    """``@dg.multi_asset`` over several stored assets built in one step (any subset)."""
 
     def wrap(fn: Callable) -> dg.AssetsDefinition:
         return dg.multi_asset(
             name=name,
             specs=[
                 dg.AssetSpec(
-                    key,
-                    deps=list(deps),
-                    group_name=group,
-                    code_version=version,
-                    description=builder.__doc__,
+                    s.name,
+                    deps=deps[s.name],
+                    group_name=s.family,
+                    code_version=s.code_version(settings),
+                    description=s.description,
+                    kinds=set(s.kinds),
+                    owners=OWNERS,
+                    tags={"family": s.family, "stage": "stored"},
                 )
-                for key, (version, _, deps, builder) in assets.items()
+                for s in specs
             ],
-            check_specs=[
-                dg.AssetCheckSpec(c, asset=key, blocking=True)
-                for key, (_, checks, _, _) in assets.items()
-                for c in checks
-            ],
+            check_specs=[c for s in specs for c in check_specs(s)],
             partitions_def=partitions_def,
             backfill_policy=BATCH,
             can_subset=True,
@@ -148,7 +220,12 @@ def materialize_partitions(
     asset_key: dg.AssetKey | None = None,
 ) -> dg.MaterializeResult:
     """Build every partition of the run and report them with the selected checks (of
-    ``asset_key`` when the step materialises several assets)."""
+    ``asset_key`` when the step materialises several assets).
+
+    Dagster 1.13 records one materialisation and one check result per asset per step,
+    whatever the number of partitions, so a batch reports per-partition facts in a table
+    and a check passes only when it passed for every partition.
+    """
     check_names = [
         k.name
         for k in context.selected_asset_check_keys

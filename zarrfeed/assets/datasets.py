@@ -1,32 +1,29 @@
-"""One dataset manifest per family (unpartitioned): the complete samples training consumes."""
+"""One dataset manifest per family (unpartitioned): the complete, checked samples training
+consumes — declared in ``zarrfeed.store.contract`` as ``DATASETS``.
 
+A manifest's data version is a digest of its keys, the committed version of each of their
+partitions and its extra tables, so it changes exactly when what training would read does;
+manifests refresh, and models retrain, only on a changed data version
+(:data:`zarrfeed.assets.conditions.ON_NEW_DATA`), never because a run reused every partition.
+"""
+
+import hashlib
+import json
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.ct import CT_STORE_ASSETS, PATCHES_ASSET, ct_derived
-from zarrfeed.assets.images import (
-    IMAGE_PATCHES_ASSET,
-    IMAGE_STORE_ASSETS,
-    image_patches,
-    image_store,
-)
-from zarrfeed.assets.spike import SPIKE_STORE_ASSETS, spike_frames, spike_voxels
+from zarrfeed.assets.build import OWNERS
+from zarrfeed.assets.conditions import ON_NEW_DATA
+from zarrfeed.assets.hub import UNKNOWN_LABEL, hub_labels
+from zarrfeed.assets.metadata import mib, table
+from zarrfeed.formats.discover import read_ct_rate_labels
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.store import ZarrStore
-
-UNKNOWN_LABEL = 255  # a scan with no row in the label CSVs
-
-# Refresh whenever any upstream partition was updated and nothing upstream is running.  Not
-# eager(): that waits while any upstream partition is missing, and a newly discovered scan is
-# missing until it is built (shared/notes/dagster.md §2).
-ON_ANY_PARTITION_UPDATE = (
-    dg.AutomationCondition.any_deps_updated().since_last_handled()
-    & ~dg.AutomationCondition.any_deps_in_progress()
-    & ~dg.AutomationCondition.in_progress()
-).with_label("on_any_partition_update")
+from zarrfeed.store.contract import DATASETS, Dataset
 
 # The nightly schedules rebuild what is missing or stale; a manifest older than two days means
 # they have stopped.
@@ -35,77 +32,125 @@ FRESHNESS = dg.FreshnessPolicy.time_window(
 )
 
 
-def ct_tables(store: ZarrStore, raw: RawFolderResource, keys: list[str]) -> dict:
-    """The patch index over all scans, and the CT-RATE labels aligned with the keys."""
-    out = {"patches": store.consolidate("ct", PATCHES_ASSET, keys, ["origins", "fraction"])}
-    names, rows = raw.ct_labels()
-    if names:
-        unknown = [UNKNOWN_LABEL] * len(names)
-        table = np.array([rows.get(k, unknown) for k in keys], dtype=np.uint8)
-        attrs = {"names": names, "keys": keys, "unknown": UNKNOWN_LABEL}
-        with store.write_partition("datasets/ct", "labels", attrs) as w:
-            w.write("labels", table.reshape(len(keys), len(names)), read="whole")
-        out["labelled"] = sum(k in rows for k in keys)
-    return out
+def ct_labels(store: ZarrStore, raw: RawFolderResource, keys: list[str]) -> dict:
+    """CT-RATE labels aligned with the keys (raw-folder CSVs, then hub splits)."""
+    names, rows = read_ct_rate_labels(raw.root)
+    hub_names, hub_rows = hub_labels(store)
+    if hub_names and names and hub_names != names:
+        raise dg.Failure(f"label columns of the hub {hub_names} differ from {raw.root}'s {names}")
+    names, rows = names or hub_names, {**hub_rows, **rows}
+    if not names:
+        return {}
+    unknown = [UNKNOWN_LABEL] * len(names)
+    table = np.array([rows.get(k, unknown) for k in keys], dtype=np.uint8)
+    attrs = {"names": names, "keys": keys, "unknown": UNKNOWN_LABEL}
+    with store.write_partition("datasets/ct", "labels", attrs) as w:
+        w.write("labels", table.reshape(len(keys), len(names)), read="whole")
+    digest = hashlib.sha256(table.tobytes() + json.dumps(names).encode()).hexdigest()
+    return {"labelled": sum(k in rows for k in keys), "labels_sha256": digest[:16]}
 
 
-def image_tables(store: ZarrStore, raw: RawFolderResource, keys: list[str]) -> dict:
-    return {"patches": store.consolidate("image", IMAGE_PATCHES_ASSET, keys, ["items", "origins"])}
+EXTRA: dict[str, Callable[[ZarrStore, RawFolderResource, list[str]], dict]] = {"ct": ct_labels}
 
 
-def dataset_asset(
-    name: str,
-    deps: list,
-    store_assets: tuple[str, ...],
-    tables: Callable[[ZarrStore, RawFolderResource, list[str]], dict] | None = None,
-) -> dg.AssetsDefinition:
+def data_version(manifest: dict[str, Any], extra: dict[str, Any]) -> str:
+    """What training would read: every key's committed partition version in every asset,
+    and the extra tables' facts."""
+    versions = {
+        asset: [[p["key"], p["version"]] for p in m["partitions"]]
+        for asset, m in manifest["assets"].items()
+    }
+    blob = json.dumps([manifest["keys"], versions, extra], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
+    name = f"{ds.name}_dataset"
+
+    def spec(check: str, text: str, blocking: bool = True) -> dg.AssetCheckSpec:
+        return dg.AssetCheckSpec(check, asset=name, blocking=blocking, description=text)
+
     @dg.asset(
-        name=f"{name}_dataset",
+        name=name,
         deps=deps,
         group_name="datasets",
-        code_version="1",
-        automation_condition=ON_ANY_PARTITION_UPDATE,
+        code_version="2",
+        description=f"The {ds.name} dataset training reads: the keys complete in "
+        f"{', '.join(a.name for a in ds.assets)} whose partitions passed every blocking "
+        "check, with consolidated index tables.",
+        kinds={"zarr", "json"},
+        owners=OWNERS,
+        tags={"family": ds.name, "stage": "dataset"},
+        automation_condition=ON_NEW_DATA,
         freshness_policy=FRESHNESS,
         check_specs=[
-            dg.AssetCheckSpec("non_empty", asset=f"{name}_dataset", blocking=True),
-            dg.AssetCheckSpec("uniform_dtypes", asset=f"{name}_dataset", blocking=True),
-            dg.AssetCheckSpec("all_partitions_complete", asset=f"{name}_dataset"),
+            spec("non_empty", "At least one complete sample."),
+            spec("uniform_dtypes", "Every array has one dtype across partitions."),
+            spec(
+                "all_partitions_complete",
+                "No partition is incomplete or failed its checks (a warning: the others train).",
+                blocking=False,
+            ),
         ],
     )
     def _dataset(zarr_store: ZarrStoreResource, raw: RawFolderResource) -> dg.MaterializeResult:
         store = zarr_store.store()
-        manifest = store.write_dataset(name, list(store_assets))
-        consolidated = tables(store, raw, manifest["keys"]) if tables and manifest["keys"] else {}
-        mixed = {f"{a}/{n}": arr["dtypes"] for a, m in manifest["assets"].items()
-                 for n, arr in m["arrays"].items() if len(arr["dtypes"]) > 1}  # fmt: skip
+        manifest = store.write_dataset(ds.name, [a.path for a in ds.assets])
+        keys = manifest["keys"]
+        consolidated = {
+            table: store.consolidate(ds.name, spec.path, keys, list(arrays))
+            for table, (spec, arrays) in ds.tables.items()
+            if keys
+        }
+        if keys and ds.name in EXTRA:
+            consolidated |= EXTRA[ds.name](store, raw, keys)
+        mixed = {
+            f"{a}/{n}": arr["dtypes"]
+            for a, m in manifest["assets"].items()
+            for n, arr in m["arrays"].items()
+            if len(arr["dtypes"]) > 1
+        }
         per_asset = manifest["assets"].values()
         stored = sum(m["total_stored_bytes"] for m in per_asset)
         nbytes = sum(m["total_nbytes"] for m in per_asset)
+        left_out = {**{k: ["incomplete"] for k in manifest["incomplete"]}, **manifest["failed"]}
+        arrays = [
+            [a, n, ", ".join(arr["dtypes"]), len(arr["shapes"]), mib(arr["nbytes"])]
+            for a, m in manifest["assets"].items()
+            for n, arr in m["arrays"].items()
+        ]
         return dg.MaterializeResult(
+            data_version=dg.DataVersion(data_version(manifest, consolidated)),
             metadata={
                 "dagster/uri": dg.MetadataValue.path(
-                    f"{store.url}/.zarrfeed/manifests/{name}.json"
+                    f"{store.url}/.zarrfeed/manifests/{ds.name}.json"
                 ),
-                "samples": len(manifest["keys"]),
-                "consolidated": dg.MetadataValue.json(consolidated),
-                "incomplete": dg.MetadataValue.json(manifest["incomplete"]),
-                "stored_bytes": stored,
-                "raw_bytes": nbytes,
-                "compression_ratio": round(nbytes / stored, 3) if stored else 0.0,
-                "arrays": dg.MetadataValue.json(
-                    {a: m["arrays"] for a, m in manifest["assets"].items()}
+                "dagster/row_count": len(keys),
+                "left_out": table(["key", "why"], [[k, ", ".join(v)] for k, v in left_out.items()])
+                if left_out
+                else "none",
+                "stored_MiB": mib(stored),
+                "raw_MiB": mib(nbytes),
+                "compression_ratio": round(nbytes / stored, 2) if stored else 0.0,
+                "arrays": table(["asset", "array", "dtypes", "shapes", "MiB"], arrays),
+                "consolidated": table(
+                    ["table", "facts"],
+                    [
+                        [t, json.dumps(v) if isinstance(v, dict) else str(v)]
+                        for t, v in consolidated.items()
+                    ],
                 ),
             },
             check_results=[
-                dg.AssetCheckResult(check_name="non_empty", passed=bool(manifest["keys"])),
+                dg.AssetCheckResult(check_name="non_empty", passed=bool(keys)),
                 dg.AssetCheckResult(
                     check_name="uniform_dtypes", passed=not mixed, metadata={"mixed": mixed}
                 ),
                 dg.AssetCheckResult(
                     check_name="all_partitions_complete",
-                    passed=not manifest["incomplete"],
+                    passed=not left_out,
                     severity=dg.AssetCheckSeverity.WARN,  # a failed scan must not block training
-                    metadata={"incomplete": manifest["incomplete"]},
+                    metadata={"left_out": dg.MetadataValue.json(left_out)},
                 ),
             ],
         )
@@ -113,8 +158,9 @@ def dataset_asset(
     return _dataset
 
 
-ct_dataset = dataset_asset("ct", [ct_derived], CT_STORE_ASSETS, ct_tables)
-spike_dataset = dataset_asset("spike", [spike_voxels, spike_frames], SPIKE_STORE_ASSETS)
-image_dataset = dataset_asset(
-    "image", [image_store, image_patches], IMAGE_STORE_ASSETS, image_tables
-)
+dataset_assets = [
+    dataset_asset(DATASETS["ct"], ["ct_hu", "ct_windows", "ct_sparse", "ct_patches"]),
+    dataset_asset(DATASETS["spike"], ["spike_voxels", "spike_frames"]),
+    dataset_asset(DATASETS["image"], ["image_store", "image_patches"]),
+]
+ct_dataset, spike_dataset, image_dataset = dataset_assets

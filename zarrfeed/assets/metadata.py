@@ -1,57 +1,96 @@
-"""Metadata a person wants to see on a materialisation: sizes, speed, a preview image."""
+"""Metadata a person reads on a materialisation: typed values (numbers the UI plots across
+materialisations, paths, timestamps), tables instead of JSON blobs, sizes in MiB, and
+labelled preview images."""
 
 from __future__ import annotations
 
 import base64
-import io
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dagster as dg
-import numpy as np
-from PIL import Image
 
+from zarrfeed.commands.output import codec_text
 from zarrfeed.store import ZarrStore
 
+MIB = 1 << 20
 
-def partition_metadata(store: ZarrStore, asset: str, key: str, seconds: float) -> dict:
-    """Shape, dtype, chunks, codec, bytes stored vs raw, ratio, time and MB/s of a partition."""
-    record = store.commit_record(asset, key)
-    nbytes = sum(a["nbytes"] for a in record["arrays"].values())
-    stored = record["stored_bytes"]
-    arrays = record["arrays"]
-    first = next(iter(arrays.values()))
-    return {
-        "dagster/uri": dg.MetadataValue.path(store.path(asset, key)),
-        "arrays": dg.MetadataValue.json(
-            {
-                n: {k: a[k] for k in ("shape", "dtype", "chunks", "shards")}
-                for n, a in arrays.items()
-            }
+
+def mib(n: float) -> float:
+    return round(n / MIB, 2)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dg.MetadataValue:
+    """A table the UI shows as one (numbers as numbers, so they sort)."""
+    kinds = {int: "int", float: "float", bool: "bool"}
+    types = [
+        kinds.get(type(rows[0][i]), "string") if rows else "string" for i in range(len(columns))
+    ]
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord(dict(zip(columns, row, strict=True))) for row in rows],
+        schema=dg.TableSchema(
+            columns=[dg.TableColumn(c, t) for c, t in zip(columns, types, strict=True)]
         ),
-        "shape": str(tuple(first["shape"])),
-        "dtype": first["dtype"],
-        "codec": str(first["codec"]["configuration"] if first["codec"] else None),
-        "stored_bytes": stored,
-        "raw_bytes": nbytes,
-        "compression_ratio": round(nbytes / stored, 3) if stored else 0.0,
-        "seconds": round(seconds, 3),
-        "MB_per_s": round(nbytes / 1e6 / seconds, 1) if seconds > 0 else 0.0,
+    )
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    return "×".join(str(n) for n in shape)
+
+
+def arrays_table(arrays: Mapping[str, Mapping[str, Any]]) -> dg.MetadataValue:
+    """One row per array: shape, dtype, chunks, shards, codec, MiB in memory."""
+    return table(
+        ["array", "shape", "dtype", "chunks", "shards", "codec", "MiB"],
+        [
+            [
+                name,
+                shape_text(a["shape"]),
+                a["dtype"],
+                shape_text(a["chunks"]),
+                shape_text(a["shards"]) if a.get("shards") else "-",
+                codec_text(a.get("codec")),
+                mib(a["nbytes"]),
+            ]
+            for name, a in arrays.items()
+        ],
+    )
+
+
+def partition_metadata(
+    store: ZarrStore, asset: str, key: str, seconds: float | None, why: str
+) -> dict[str, Any]:
+    """Where a partition is, its arrays, sizes and ratio, and how it came to be: built now
+    (``seconds``: time and MiB/s) or reused (``seconds=None``: when it was built); ``why``
+    says why it was (re)built or reused."""
+    record = store.commit_record(asset, key)
+    arrays = record["arrays"]
+    nbytes = sum(a["nbytes"] for a in arrays.values())
+    stored = record["stored_bytes"]
+    timing: dict[str, Any] = (
+        {
+            "seconds": round(seconds, 2),
+            "MiB_per_s": round(nbytes / MIB / max(seconds, 1e-9), 1),
+        }
+        if seconds is not None
+        else {"built_at": dg.MetadataValue.timestamp(record.get("committed_unix", 0.0))}
+    )
+    return {
+        "dagster/uri": dg.MetadataValue.path(store.partition_url(asset, key)),
+        "reused": seconds is None,
+        "why": why,
+        "arrays": arrays_table(arrays),
+        "stored_MiB": mib(stored),
+        "raw_MiB": mib(nbytes),
+        "compression_ratio": round(nbytes / stored, 2) if stored else 0.0,
+        **timing,
+        "version": record["version"],
     }
 
 
-def preview(image: np.ndarray, title: str = "preview", max_side: int = 256) -> dg.MetadataValue:
-    """A 2-D array in [0, 1] (or uint8) as an inline PNG in markdown."""
-    img = np.asarray(image, dtype=np.float32)
-    if image.dtype != np.uint8:
-        img = np.clip(img, 0, 1) * 255
-    pil = Image.fromarray(img.astype(np.uint8))
-    pil.thumbnail((max_side, max_side))
-    buf = io.BytesIO()
-    pil.save(buf, format="PNG")
-    return png_markdown(buf.getvalue(), title)
-
-
-def png_markdown(png: bytes, title: str) -> dg.MetadataValue:
-    """PNG bytes inline in markdown: the UI shows it on the materialisation."""
-    return dg.MetadataValue.md(
-        f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})"
-    )
+def png_markdown(png: bytes, title: str, caption: str = "") -> dg.MetadataValue:
+    """PNG bytes inline in markdown under a bold ``title``: the UI shows the picture on the
+    materialisation (behind "[Show Markdown]": any real image exceeds the inline limit)."""
+    data = base64.b64encode(png).decode()
+    text = f"**{title}**\n\n![{title}](data:image/png;base64,{data})"
+    return dg.MetadataValue.md(text + (f"\n\n{caption}" if caption else ""))

@@ -1,8 +1,11 @@
-"""Partition definitions: one dynamic partition per raw item, added by the discovery sensors."""
+"""Partition definitions: one dynamic partition per raw item, added by discovery."""
 
 import dagster as dg
 
-ct_scans = dg.DynamicPartitionsDefinition(name="ct_scans")
-spike_sequences = dg.DynamicPartitionsDefinition(name="spike_sequences")
-image_sets = dg.DynamicPartitionsDefinition(name="image_sets")
-hub_ct_scans = dg.DynamicPartitionsDefinition(name="hub_ct_scans")
+from zarrfeed.store.contract import FAMILIES
+
+PARTITIONS = {
+    name: dg.DynamicPartitionsDefinition(name=family.partitions)
+    for name, family in FAMILIES.items()
+}
+ct_scans, spike_sequences, image_sets = PARTITIONS["ct"], PARTITIONS["spike"], PARTITIONS["images"]

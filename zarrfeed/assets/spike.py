@@ -1,221 +1,179 @@
-"""Spike branch (seed 001): raw sequence → spike voxel bins, and the blur/sharp frames.
+"""Spike family: raw sequence → spike voxel bins, and the blur/sharp frames.
 
 One partition per sequence folder; arrays are (samples, …) so a training clip is a slice.
 """
 
-import hashlib
-import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.build import (
-    Built,
-    fingerprint,
-    materialize_partitions,
-    partitioned_asset,
-    report,
-    reuse,
-)
-from zarrfeed.assets.metadata import preview
+from zarrfeed.assets.build import Step, build_partition, materialize_partitions, stored_asset
+from zarrfeed.assets.metadata import png_markdown
 from zarrfeed.assets.partitions import spike_sequences
+from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.errors import InputError
 from zarrfeed.formats import read_dat, read_image
 from zarrfeed.formats.discover import SpikeSequence
-from zarrfeed.resources import BuildOptions, RawFolderResource, SpikeSettings, ZarrStoreResource
-from zarrfeed.store import file_sha256, provenance
+from zarrfeed.previews import grid_png
+from zarrfeed.resources import BuildOptions, SpikeSettings, ZarrStoreResource
+from zarrfeed.sources.catalog import RawCatalog, RawItem
+from zarrfeed.sources.raw import source_identity, spike_sequence
+from zarrfeed.store.contract import FAMILIES, SOURCE, SPIKE_FRAMES, SPIKE_VOXELS, StoredAsset
 from zarrfeed.transforms import spike as sp
 
-VOXELS_ASSET, FRAMES_ASSET = "spike/voxels", "spike/frames"
-SPIKE_STORE_ASSETS = (VOXELS_ASSET, FRAMES_ASSET)
-VERSIONS = {VOXELS_ASSET: "1", FRAMES_ASSET: "1"}
 
-
-def _sequence(raw: RawFolderResource, found: dict[str, SpikeSequence], key: str) -> SpikeSequence:
-    seq = found.get(key)
-    if seq is None:
-        raise dg.Failure(f"no spike sequence {key!r} under {raw.root} (was it removed?)")
-    if not seq.samples():
-        raise InputError(seq.folder, f"samples in {seq.spike_folder}/, blur/ and sharp/", "none")
-    return seq
-
-
-def folder_sha256(seq: SpikeSequence) -> str:
-    """One hash over every file of the sequence (names and contents)."""
-    h = hashlib.sha256()
-    for path in seq.files():
-        h.update(f"{path.relative_to(seq.folder)}\0{file_sha256(path)}\n".encode())
-    return h.hexdigest()
-
-
-@partitioned_asset(
-    partitions_def=spike_sequences,
-    group="spike",
-    code_version="1",
-    checks=("complete",),
-    batched=False,
-)
-def spike_raw_sequence(
-    context: dg.AssetExecutionContext, raw: RawFolderResource
-) -> dg.MaterializeResult:
-    """A raw sequence folder: one hash over its files (the data version) and its layout."""
-    seq = _sequence(raw, raw.spike_sequences(), context.partition_key)
-    samples = seq.samples()
+def describe_sequence(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    seq = spike_sequence(item)
     per_folder = {
         sub: len(list((seq.folder / sub).glob("*"))) for sub in (seq.spike_folder, "blur", "sharp")
     }
-    return dg.MaterializeResult(
-        data_version=dg.DataVersion(folder_sha256(seq)),
-        metadata={
-            "path": dg.MetadataValue.path(str(seq.folder)),
-            "samples": len(samples),
-            "height": seq.height,
-            "width": seq.width,
-            "layout": f"{seq.spike_folder} ({seq.layout}, {seq.frames} frames per sample)",
-            "files_per_folder": dg.MetadataValue.json(per_folder),
+    facts = {
+        "samples": len(seq.samples()),
+        "height": seq.height,
+        "width": seq.width,
+        "layout": f"{seq.spike_folder} ({seq.layout}, {seq.frames} frames per sample)",
+    }
+    # every sample has its spikes, blur and sharp frame
+    return facts, len(set(per_folder.values())) == 1, {"files_per_folder": per_folder}
+
+
+def _sequence_step(
+    catalog: RawCatalog,
+    key: str,
+    produce: Callable[[SpikeSequence, list[str]], dict[str, np.ndarray]],
+    check: Callable[[SpikeSequence, list[str], dict[str, np.ndarray]], dict],
+    describe: Callable[[dict[str, np.ndarray]], dict[str, Any]],
+) -> Step:
+    item = resolve(catalog, key)
+    sha, seq = content_hash(catalog, item), spike_sequence(item)
+    samples = seq.samples()
+    if not samples:
+        raise InputError(seq.folder, f"samples in {seq.spike_folder}/, blur/ and sharp/", "none")
+    return Step(
+        inputs={SOURCE: source_identity(item, sha)},
+        source=item.location,
+        source_sha256=sha,
+        produce=lambda: produce(seq, samples),
+        check=lambda arrays: check(seq, samples, arrays),
+        describe=describe,
+        attrs={
+            "source_stamp": item.stamp,
+            "samples": samples,
+            "layout": seq.layout,
+            "frames": seq.frames,
+            "spike_folder": seq.spike_folder,
         },
-        check_results=[
-            dg.AssetCheckResult(
-                check_name="complete",  # every sample has spikes, blur and sharp
-                passed=len(set(per_folder.values())) == 1,
-                metadata={"files_per_folder": per_folder},
-            )
-        ],
     )
 
 
-@partitioned_asset(
-    partitions_def=spike_sequences,
-    group="spike",
-    code_version=VERSIONS[VOXELS_ASSET],
-    checks=("counts_valid",),
-    deps=(spike_raw_sequence,),
-)
-def spike_voxels(
-    context: dg.AssetExecutionContext,
-    raw: RawFolderResource,
-    zarr_store: ZarrStoreResource,
-    spike_settings: SpikeSettings,
-    build: BuildOptions,
-) -> dg.MaterializeResult:
-    """uint8 (samples, bins, H, W) spike counts: each sample's camera frames summed per bin."""
-    store, found, bins = zarr_store.store(), raw.spike_sequences(), spike_settings.bins
+def _voxels(bins: int) -> tuple[Callable, Callable, Callable]:
+    def produce(seq: SpikeSequence, samples: list[str]) -> dict[str, np.ndarray]:
+        out = np.empty((len(samples), bins, seq.height, seq.width), np.uint8)
+        for i, stem in enumerate(samples):
+            path = seq.folder / seq.spike_folder / f"{stem}.dat"
+            out[i] = sp.voxel_bins(
+                read_dat(path, seq.height, seq.width, seq.layout, seq.frames), bins
+            )
+        return {"voxels": out}
 
-    def one(key: str) -> Built:
-        seq = _sequence(raw, found, key)
-        samples = seq.samples()
-        params = {"bins": bins, "layout": seq.layout, "frames": seq.frames, "samples": samples}
-        sha = folder_sha256(seq)
-        fp = fingerprint(VERSIONS[VOXELS_ASSET], params, {"source_sha256": sha})
-        seconds = None
-        if not reuse(store, VOXELS_ASSET, key, fp, build.force):
-            t0 = time.perf_counter()
-            attrs = provenance(str(seq.folder), sha, VERSIONS[VOXELS_ASSET], params, fingerprint=fp)
-            with store.write_partition(VOXELS_ASSET, key, attrs) as w:
-                shape = (len(samples), bins, seq.height, seq.width)
-                arr = w.create(
-                    "voxels",
-                    shape,
-                    np.uint8,
-                    content="events",
-                    chunks=(1, *shape[1:]),
-                    dimension_names=("sample", "bin", "y", "x"),
-                )
-                for i, stem in enumerate(samples):
-                    path = seq.folder / seq.spike_folder / f"{stem}.dat"
-                    spikes = read_dat(path, seq.height, seq.width, seq.layout, seq.frames)
-                    arr[i] = sp.voxel_bins(spikes, bins)
-            seconds = time.perf_counter() - t0
-        voxels = store.read_array(VOXELS_ASSET, key, "voxels")
+    def check(seq: SpikeSequence, samples: list[str], arrays: dict) -> dict:
+        voxels = arrays["voxels"]
         widest = int(np.diff(sp.bin_edges(seq.frames, bins)).max())
         expected = (len(samples), bins, seq.height, seq.width)
-        ok = voxels.shape == expected and voxels.dtype == np.uint8 and int(voxels.max()) <= widest
-        return Built(
-            metadata=report(
-                store,
-                VOXELS_ASSET,
-                key,
-                seconds,
-                samples=len(samples),
-                mean_firing_rate=round(float(voxels.mean()) / (seq.frames / bins), 4),
-                preview=preview(voxels[0, 0] / max(1, widest), "spike bin 0"),
-            ),
-            checks={
-                "counts_valid": (
-                    bool(ok),
-                    {"shape": str(voxels.shape), "max": int(voxels.max()), "max_allowed": widest},
+        ok = voxels.shape == expected and int(voxels.max(initial=0)) <= widest
+        facts = {"shape": str(voxels.shape), "max": int(voxels.max(initial=0)), "allowed": widest}
+        return {"counts_valid": (bool(ok), facts)}
+
+    def describe(arrays: dict) -> dict[str, Any]:
+        voxels = arrays["voxels"]
+        top = max(1, int(voxels.max(initial=0)))
+        title = f"sample 0: spike counts per bin (of {top} at most)"
+        bins_png = grid_png(
+            {"sample 0": [b / top for b in voxels[0]]},
+            [f"bin {b}" for b in range(voxels.shape[1])],
+            title,
+        )
+        return {"samples": len(voxels), "preview": png_markdown(bins_png, title)}
+
+    return produce, check, describe
+
+
+def _frames(seq: SpikeSequence, samples: list[str]) -> dict[str, np.ndarray]:
+    out = {}
+    for kind in ("blur", "sharp"):
+        frames = np.empty((len(samples), seq.height, seq.width, 3), np.uint8)
+        for i, stem in enumerate(samples):
+            path = seq.folder / kind / f"{stem}.png"
+            img = read_image(path)
+            if img.shape != frames.shape[1:] or img.dtype != np.uint8:
+                raise InputError(
+                    path, f"uint8 {frames.shape[1:]} (dataset.json)", f"{img.dtype} {img.shape}"
+                )
+            frames[i] = img
+        out[kind] = frames
+    return out
+
+
+def _frames_check(seq: SpikeSequence, samples: list[str], arrays: dict) -> dict:
+    want = (len(samples), seq.height, seq.width, 3)
+    shapes = {k: a.shape for k, a in arrays.items()}
+    return {
+        "frames_aligned": (
+            all(s == want for s in shapes.values()),
+            {k: str(s) for k, s in shapes.items()},
+        )
+    }
+
+
+def spike_assets(settings: Mapping[str, Any]) -> list[dg.AssetsDefinition]:
+    """The spike family's assets, their code versions derived from ``settings``."""
+    raw = raw_asset(
+        FAMILIES["spike"],
+        describe_sequence,
+        "A raw spike sequence folder: one hash over its files (the data version) and layout.",
+    )
+
+    def family_asset(spec: StoredAsset, parts: Callable[[Mapping], tuple]) -> dg.AssetsDefinition:
+        @stored_asset(spec, settings, spike_sequences, deps=[raw.key.path[0]])
+        def _asset(
+            context: dg.AssetExecutionContext,
+            zarr_store: ZarrStoreResource,
+            spike_settings: SpikeSettings,
+            build: BuildOptions,
+        ) -> dg.MaterializeResult:
+            store, catalog = zarr_store.store(), zarr_store.catalog("spike")
+            values = spike_settings.values()
+            produce, check, describe = parts(values)
+            return materialize_partitions(
+                context,
+                lambda key: build_partition(
+                    store,
+                    spec,
+                    key,
+                    values,
+                    build.force,
+                    _sequence_step(catalog, key, produce, check, describe),
+                ),
+            )
+
+        return _asset
+
+    voxels = family_asset(SPIKE_VOXELS, lambda v: _voxels(v["bins"]))
+    frames = family_asset(
+        SPIKE_FRAMES,
+        lambda v: (
+            _frames,
+            _frames_check,
+            lambda a: {
+                "preview": png_markdown(
+                    grid_png(
+                        {"sample 0": [a["blur"][0], a["sharp"][0]]}, ["blur", "sharp"], "frames"
+                    ),
+                    "sample 0: blurred and sharp frame",
                 )
             },
-        )
-
-    return materialize_partitions(context, one)
-
-
-@partitioned_asset(
-    partitions_def=spike_sequences,
-    group="spike",
-    code_version=VERSIONS[FRAMES_ASSET],
-    checks=("frames_aligned",),
-    deps=(spike_raw_sequence,),
-)
-def spike_frames(
-    context: dg.AssetExecutionContext,
-    raw: RawFolderResource,
-    zarr_store: ZarrStoreResource,
-    build: BuildOptions,
-) -> dg.MaterializeResult:
-    """uint8 (samples, H, W, 3) blur and sharp frames, sample-aligned with the spike voxels."""
-    store, found = zarr_store.store(), raw.spike_sequences()
-
-    def one(key: str) -> Built:
-        seq = _sequence(raw, found, key)
-        samples = seq.samples()
-        sha = folder_sha256(seq)
-        params = {"samples": samples}
-        fp = fingerprint(VERSIONS[FRAMES_ASSET], params, {"source_sha256": sha})
-        seconds = None
-        if not reuse(store, FRAMES_ASSET, key, fp, build.force):
-            t0 = time.perf_counter()
-            attrs = provenance(str(seq.folder), sha, VERSIONS[FRAMES_ASSET], params, fingerprint=fp)
-            with store.write_partition(FRAMES_ASSET, key, attrs) as w:
-                for kind in ("blur", "sharp"):
-                    shape = (len(samples), seq.height, seq.width, 3)
-                    arr = w.create(
-                        kind,
-                        shape,
-                        np.uint8,
-                        chunks=(1, *shape[1:]),
-                        dimension_names=("sample", "y", "x", "c"),
-                    )
-                    for i, stem in enumerate(samples):
-                        path = seq.folder / kind / f"{stem}.png"
-                        img = read_image(path)
-                        if img.shape != shape[1:] or img.dtype != np.uint8:
-                            raise InputError(
-                                path,
-                                f"uint8 {shape[1:]} (dataset.json)",
-                                f"{img.dtype} {img.shape}",
-                            )
-                        arr[i] = img
-            seconds = time.perf_counter() - t0
-        group = store.open_partition(FRAMES_ASSET, key)
-        shapes = {kind: group[kind].shape for kind in ("blur", "sharp")}
-        want = (len(samples), seq.height, seq.width, 3)
-        return Built(
-            metadata=report(
-                store,
-                FRAMES_ASSET,
-                key,
-                seconds,
-                samples=len(samples),
-                preview=preview(group["blur"][0], "blur frame 0"),
-            ),
-            checks={
-                "frames_aligned": (
-                    all(s == want for s in shapes.values()),
-                    {k: str(s) for k, s in shapes.items()},
-                )
-            },
-        )
-
-    return materialize_partitions(context, one)
+        ),
+    )
+    return [raw, voxels, frames]

@@ -1,9 +1,13 @@
 """Model assets: one per training task, trained on its family's dataset manifest.
 
-They refresh when the manifest they read was updated and nothing upstream is running (the
-condition the dataset manifests use; not ``eager()``, which one missing partition would block).
+They retrain when the manifest they read has a new data version and nothing upstream is
+running (``zarrfeed.assets.conditions.ON_NEW_DATA``, as the manifests follow the stores; not
+``eager()``, which one missing partition would block), never on a manifest rewritten with the
+same data.
 The run config is :class:`zarrfeed.training.config.TrainConfig` itself, turned into a Dagster
-``Config`` here, so YAML files and the launchpad take the same fields.
+``Config`` here, so YAML files and the launchpad take the same fields.  Training runs outside
+the step, as ``torchrun`` through Dagster Pipes (:mod:`zarrfeed.assets.torchrun`), one
+model at a time per pool slot.
 """
 
 # No "from __future__ import annotations": Dagster reads the config annotation at runtime.
@@ -13,15 +17,16 @@ import dagster as dg
 import pydantic
 from pydantic.fields import FieldInfo
 
-from zarrfeed.assets.datasets import ON_ANY_PARTITION_UPDATE
-from zarrfeed.assets.metadata import png_markdown
+from zarrfeed.assets.build import OWNERS
+from zarrfeed.assets.conditions import ON_NEW_DATA
+from zarrfeed.assets.torchrun import TorchrunResource
+from zarrfeed.pipes_training import LEARNED, LEARNED_DOC
 from zarrfeed.resources import ModelsResource, ZarrStoreResource
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.report import loss_curve_png
 from zarrfeed.training.tasks import TASK_TYPES
-from zarrfeed.training.trainer import TrainResult, train
 
-TRAINER_VERSION = "1"
+TRAINER_VERSION = "2"  # 2: trained by torchrun through Pipes
+TRAINING_POOL = "zarrfeed_training"  # one training at a time unless its limit is raised
 # Set by the asset from its task and the resources, not by run config.
 FROM_ASSET = {"task", "store", "out", "run_name"}
 
@@ -47,26 +52,6 @@ def dagster_config(model: type[pydantic.BaseModel], name: str) -> type[dg.Config
 TrainRunConfig = dagster_config(TrainConfig, "TrainRun")
 
 
-def result_metadata(result: TrainResult, upstream: dict[str, str | None]) -> dict[str, Any]:
-    """What a person checks on a trained model: metrics, curve, speed, config, data."""
-    losses = result.history["loss"]
-    return {
-        "dagster/uri": dg.MetadataValue.path(result.checkpoint),
-        "steps": result.step,
-        "resumed_from_step": result.resumed_from,
-        "final_loss": losses[-1],
-        **{f"eval_{k}": v for k, v in result.eval_after.items()},
-        **{f"eval_{k}_before": v for k, v in result.eval_before.items()},
-        "loss_curve": png_markdown(loss_curve_png(losses, title=result.task), "loss curve"),
-        "data_wait_share": round(result.data_wait_share, 4),
-        "samples_per_s": round(result.samples_per_s, 2),
-        "peak_gpu_memory_mb": round(result.peak_memory_mb, 1),
-        "loader": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.loader)),
-        "config": dg.MetadataValue.json(result.config),
-        "trained_on": dg.MetadataValue.json({**result.data, "data_versions": upstream}),
-    }
-
-
 def model_asset(task: str) -> dg.AssetsDefinition:
     dataset = dg.AssetKey(f"{TASK_TYPES[task].family}_dataset")
 
@@ -75,16 +60,20 @@ def model_asset(task: str) -> dg.AssetsDefinition:
         group_name="training",
         deps=[dataset],
         code_version=TRAINER_VERSION,
-        automation_condition=ON_ANY_PARTITION_UPDATE,
+        automation_condition=ON_NEW_DATA,
         kinds={"pytorch"},
+        pool=TRAINING_POOL,
         description=(TASK_TYPES[task].__doc__ or "").strip(),
-        check_specs=[dg.AssetCheckSpec("loss_fell", asset=f"{task}_model")],
+        owners=OWNERS,
+        tags={"family": TASK_TYPES[task].family, "stage": "model"},
+        check_specs=[dg.AssetCheckSpec(LEARNED, asset=f"{task}_model", description=LEARNED_DOC)],
     )
     def _model(
         context: dg.AssetExecutionContext,
         config: TrainRunConfig,  # type: ignore[valid-type]
         zarr_store: ZarrStoreResource,
         models: ModelsResource,
+        torchrun: TorchrunResource,
     ):
         run = context.run
         settings = TrainConfig.model_validate(
@@ -97,22 +86,11 @@ def model_asset(task: str) -> dg.AssetsDefinition:
                 "run_name": run.root_run_id or run.run_id,
             }
         )
-        result = train(settings, log=context.log.info)
         record = context.instance.get_latest_data_version_record(dataset)
-        upstream = {
-            dataset.to_user_string(): record.asset_materialization.tags.get("dagster/data_version")
-            if record and record.asset_materialization
-            else None
-        }
-        yield dg.MaterializeResult(metadata=result_metadata(result, upstream))
-        before, after = result.eval_before["loss"], result.eval_after["loss"]
-        yield dg.AssetCheckResult(
-            check_name="loss_fell",
-            passed=after < before,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"eval_loss_before": before, "eval_loss_after": after},
-            description="The loss on fixed evaluation batches is lower after training.",
-        )
+        event = record.asset_materialization if record else None
+        version = event.tags.get("dagster/data_version") if event else None
+        trained_on = {"data_versions": {dataset.to_user_string(): version}}
+        yield from torchrun.train(context, settings, {"trained_on": trained_on}).get_results()
 
     return _model
 

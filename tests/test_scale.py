@@ -1,0 +1,134 @@
+"""Work proportional to what changed: the cached tree walk, the catalog index, incremental
+record summaries, and the build queue that releases a bounded number of runs per tick.  The
+50,000-partition figures are in benchmarks/scale.py; its --quick run is smoke-tested here."""
+
+from datetime import datetime
+
+import dagster as dg
+import pytest
+from test_benchmarks import bench_names
+
+from zarrfeed.formats import discover
+from zarrfeed.jobs import nightly, queue, schedules, sensors
+from zarrfeed.sources.catalog import RawCatalog
+from zarrfeed.store import LocalBackend, ZarrStore
+from zarrfeed.store.zarrstore import summarise
+
+KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
+
+
+def by_name(defs, name):
+    return next(d for d in defs if d.name == name)
+
+
+def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
+    for i in range(3):
+        (tmp_path / f"f{i}").mkdir()
+        (tmp_path / f"f{i}" / "a.nii.gz").touch()
+    listed = []
+    real = discover._list
+    monkeypatch.setattr(discover, "_list", lambda folder: listed.append(folder) or real(folder))
+    monkeypatch.setattr(discover, "_SETTLED_NS", 0)  # every mtime is old enough to trust
+    first = discover.walk_tree(tmp_path)
+    assert len(listed) == 4
+    (tmp_path / "f1" / "b.nii.gz").touch()  # f1's mtime changes; the others' do not
+    listed.clear()
+    second = discover.walk_tree(tmp_path)
+    assert [p.rsplit("/", 1)[-1] for p in listed] == ["f1"]
+    assert second[tmp_path / "f1"] == ["a.nii.gz", "b.nii.gz"]
+    assert {k: v for k, v in second.items() if k.name != "f1"} == {
+        k: v for k, v in first.items() if k.name != "f1"
+    }
+
+
+def test_an_unchanged_index_is_parsed_once_per_process(tmp_path, monkeypatch):
+    backend = LocalBackend(tmp_path)
+    catalog = RawCatalog(backend, "ct")
+    from zarrfeed.samples import make_sample_data
+    from zarrfeed.sources.raw import scan_ct
+
+    make_sample_data(tmp_path / "raw", scans=2, sequences=1, images=1)
+    catalog.update("raw:x", scan_ct(tmp_path / "raw"))
+    reads = []
+    real = LocalBackend.read
+    monkeypatch.setattr(LocalBackend, "read", lambda self, p: reads.append(p) or real(self, p))
+    assert sorted(RawCatalog(backend, "ct").index()) == sorted(catalog.index())
+    assert reads == []  # the same object this process wrote
+    index = backend.join(".zarrfeed/catalog/ct/index.json")
+    backend.write_atomic(index, backend.read(index))  # rewritten: parsed again
+    reads.clear()
+    assert len(RawCatalog(backend, "ct").index()) == 2 and len(reads) == 1
+
+
+def test_record_summaries_read_only_new_and_changed_records(tmp_path):
+    from test_store import write
+
+    store = ZarrStore(tmp_path / "s.zarr")
+    write(store, "scan_1", 0.5)
+    write(store, "scan_2", 0.5)
+    assert sorted(store.record_summaries("ct/windows")) == ["scan_1", "scan_2"]
+    write(store, "scan_2", 0.25)
+    store.delete_partition("ct/windows", "scan_1")
+    seen = []
+    real = store.commit_records
+    store.commit_records = lambda asset, keys: seen.extend(keys) or real(asset, keys)
+    summaries = store.record_summaries("ct/windows")
+    assert seen == ["scan_2"] and list(summaries) == ["scan_2"]
+    record = store.commit_record("ct/windows", "scan_2")
+    assert {k: v for k, v in summaries["scan_2"].items() if k != "stamp"} == summarise(record)
+
+
+def test_the_discovery_sensor_releases_a_bounded_number_of_runs_per_tick(dagster_env, monkeypatch):
+    _, resources, instance = dagster_env
+    monkeypatch.setattr(queue, "PER_TICK", 3)
+    sensor = by_name(sensors, "ct_discovery")
+    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    first = sensor(ctx)
+    assert [r.partition_key for r in first.run_requests] == KEYS[:3]
+    assert first.dynamic_partitions_requests[0].partition_keys == KEYS  # all known at once
+    instance.add_dynamic_partitions("ct_scans", KEYS)
+    second = sensor(ctx)
+    assert [(r.partition_key, r.tags["zarrfeed/reason"]) for r in second.run_requests] == [
+        (KEYS[3], "new raw item")
+    ]
+    assert isinstance(sensor(ctx), dg.SkipReason)  # the queue is empty
+    monkeypatch.setattr(queue, "IN_FLIGHT", 0)  # runs in flight leave no room: none released
+    store = resources["zarr_store"].store()
+    queue.BuildQueue(store.backend, "ct").add({KEYS[0]: "test"})
+    assert isinstance(sensor(ctx), dg.SkipReason)
+    assert queue.BuildQueue(store.backend, "ct").load() == {KEYS[0]: "test"}
+
+
+def test_a_nightly_with_more_work_than_a_tick_queues_the_rest(dagster_env, monkeypatch):
+    _, resources, instance = dagster_env
+    monkeypatch.setattr(nightly, "PER_TICK", 1)
+    instance.add_dynamic_partitions("ct_scans", KEYS)
+    resources["zarr_store"].catalog("ct").update(
+        resources["raw"].origin, resources["raw"].scan("ct")
+    )
+    with dg.build_schedule_context(
+        instance=instance, resources=resources, scheduled_execution_time=datetime(2026, 11, 22, 2)
+    ) as ctx:
+        requests = by_name(schedules, "ct_nightly")(ctx)
+    assert [r.partition_key for r in requests] == KEYS[:1]
+    waiting = queue.BuildQueue(resources["zarr_store"].store().backend, "ct").load()
+    assert waiting == {k: "nightly 2026-11-22: ct_hu missing" for k in KEYS[1:]}
+    released = by_name(sensors, "ct_discovery")(
+        dg.build_sensor_context(instance=instance, resources=resources)
+    )
+    assert [r.partition_key for r in released.run_requests] == KEYS[1:]
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick():
+    assert {
+        "scale.discovery_50k_s",
+        "scale.discovery_incremental_s",
+        "scale.partition_overhead_50k_vs_100",
+        "scale.nightly_eval_50k_s",
+        "scale.manifest_50k_s",
+        "scale.dataset_init_50k_s",
+        "s3.write_vs_local",
+        "s3.read_vs_local",
+        "s3.read_vs_raw_get",
+    } <= bench_names("scale.py")

@@ -1,0 +1,110 @@
+"""Discovery sensors: every raw item under the raw folder becomes a partition and a build.
+
+A tick scans the folder (no file is read), records what changed in the family's catalog and
+asks for runs of the new and changed items only — a bounded number per tick, the rest
+waiting in the build queue (``zarrfeed.jobs.queue``) for the next ticks; items whose source
+is gone are reported on their raw asset, and ``zarrfeed partitions remove`` drops their
+partitions.
+"""
+
+import hashlib
+
+import dagster as dg
+
+from zarrfeed.assets.build import OWNERS
+from zarrfeed.assets.partitions import PARTITIONS
+from zarrfeed.jobs.queue import BuildQueue
+from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+from zarrfeed.store.contract import FAMILIES
+
+
+def discovery_sensor(family: str, job) -> dg.SensorDefinition:
+    partitions, raw_asset = PARTITIONS[family], FAMILIES[family].raw_asset
+
+    @dg.sensor(
+        name=f"{family}_discovery",
+        job=job,
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Scans the raw folder for {family} items: new ones become partitions, "
+        "new and changed ones get a build run, vanished ones are reported.",
+        tags={"family": family, "stage": "discovery"},
+        owners=OWNERS,
+    )
+    def _discover(
+        context: dg.SensorEvaluationContext, raw: RawFolderResource, zarr_store: ZarrStoreResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        catalog = zarr_store.catalog(family)
+        changes = catalog.update(raw.origin, raw.scan(family))
+        index = catalog.index()  # kept by update: no second read
+        known = set(context.instance.get_dynamic_partitions(partitions.name))
+        # Every catalogued key is a partition, also when an earlier tick died after updating
+        # the catalog; the nightly schedule builds whatever such a tick did not request.
+        new = sorted(set(index) - known)
+        added = dict.fromkeys(changes.new, "new raw item")
+        added.update(dict.fromkeys(changes.changed, "raw item changed"))
+        released = BuildQueue(zarr_store.store().backend, family).release(
+            context.instance, dict(sorted(added.items()))
+        )
+        requests = [
+            dg.RunRequest(
+                partition_key=k,
+                run_key=f"{family}:{k}:{_digest(index[k].stamp, why)}",
+                tags={"zarrfeed/reason": why},
+            )
+            for k, why in released
+            if k in index  # a queued item whose source has gone since
+        ]
+        gone = sorted(k for k in known - set(index))
+        events = [
+            dg.AssetObservation(
+                asset_key=raw_asset,
+                partition=k,
+                metadata={
+                    "source": "gone",
+                    "remove with": f"zarrfeed partitions remove {family} {k}",
+                },
+            )
+            for k in changes.gone
+        ]
+        if gone:
+            context.log.warning(
+                f"{len(gone)} {family} partitions have no raw source: {gone[:20]}; remove each "
+                f"with `zarrfeed partitions remove {family} KEY`"
+            )
+        if not (new or requests or events):
+            return dg.SkipReason(
+                f"no new, changed or queued {family} items among {changes.total} under "
+                f"{raw.root}"
+                + (
+                    f"; {len(gone)} partitions without a source ({', '.join(gone[:10])}): "
+                    f"`zarrfeed partitions remove {family} KEY`"
+                    if gone
+                    else ""
+                )
+            )
+        return dg.SensorResult(
+            run_requests=requests,
+            dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
+            asset_events=events,
+        )
+
+    return _discover
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def discover_into(
+    instance: dg.DagsterInstance, family: str, raw: RawFolderResource, zarr_store: ZarrStoreResource
+) -> list[str]:
+    """What a discovery tick does, done now: record the raw folder's items in the catalog and
+    add their partitions (for the demo, the CLI and tests).  Returns every catalogued key."""
+    catalog = zarr_store.catalog(family)
+    catalog.update(raw.origin, raw.scan(family))
+    keys = sorted(catalog.index())
+    name = PARTITIONS[family].name
+    known = set(instance.get_dynamic_partitions(name))
+    instance.add_dynamic_partitions(name, [k for k in keys if k not in known])
+    return keys

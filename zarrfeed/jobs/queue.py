@@ -1,0 +1,75 @@
+"""The build queue: partitions waiting for a run, released a bounded number at a time.
+
+A first discovery of CT-RATE finds 50,000 scans, and a changed setting makes a nightly
+evaluation find 50,000 stale partitions.  Returned as 50,000 run requests at once, a single
+tick would create 50,000 queued runs (minutes of run-storage writes inside one tick, a run
+queue and a UI that list them all).  Instead the sensor and the schedule hand out at most
+:data:`PER_TICK` requests, and only while fewer than :data:`IN_FLIGHT` runs of the family are
+queued or running; the rest wait here, in the store beside the catalog
+(``.zarrfeed/catalog/<family>/queue.json``: key → why), and the discovery sensor releases
+them tick by tick.  Memory stays bounded by the keys, never by run objects.
+
+The sensor and the nightly schedule may write the queue at the same moment and one may lose
+the other's additions; nothing is lost for good, since the next nightly evaluation finds
+every missing or stale partition again.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+
+from zarrfeed.store.backends import Backend
+from zarrfeed.store.keys import check_asset
+
+PER_TICK = 500  # run requests one tick may return
+IN_FLIGHT = 2000  # queued + running runs of one family above which nothing more is released
+ACTIVE = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+class BuildQueue:
+    """The waiting partitions of one family, oldest first."""
+
+    def __init__(self, backend: Backend, family: str) -> None:
+        self.backend, self.family = backend, check_asset(family)
+        self.path = backend.join(".zarrfeed", "catalog", family, "queue.json")
+
+    def load(self) -> dict[str, str]:
+        try:
+            return json.loads(self.backend.read(self.path))
+        except FileNotFoundError:
+            return {}
+
+    def add(self, added: dict[str, str]) -> None:
+        """Queue ``added`` (key → why) behind what already waits."""
+        self.release(None, added)
+
+    def release(
+        self, instance: dg.DagsterInstance | None, added: dict[str, str]
+    ) -> list[tuple[str, str]]:
+        """Add ``added`` (key → why) to the queue and take out what may run now: (key, why)
+        pairs, at most :data:`PER_TICK`, and no more than the room under :data:`IN_FLIGHT`
+        (none without an ``instance`` to count runs in)."""
+        waiting = self.load()
+        before = dict(waiting)
+        waiting.update(added)
+        room = 0
+        if waiting and instance is not None:
+            room = min(PER_TICK, IN_FLIGHT - self.in_flight(instance))
+        released = list(waiting.items())[: max(room, 0)]
+        for key, _ in released:
+            del waiting[key]
+        if waiting != before:
+            self.backend.write_atomic(self.path, json.dumps(waiting).encode())
+        return released
+
+    def in_flight(self, instance: dg.DagsterInstance) -> int:
+        """Runs of this family's build job that are queued or running."""
+        runs = dg.RunsFilter(statuses=ACTIVE, tags={"family": self.family})
+        return instance.get_runs_count(runs)

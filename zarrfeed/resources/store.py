@@ -1,0 +1,42 @@
+"""The Zarr store every asset writes to and training reads from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from zarrfeed.sources.catalog import RawCatalog
+from zarrfeed.store import ZarrStore
+
+
+class ZarrStoreResource(dg.ConfigurableResource):
+    """A folder, or an object-store URL such as ``s3://bucket/prefix``.
+
+    For S3-compatible servers, ``endpoint_url`` names the server (or the standard
+    ``AWS_ENDPOINT_URL`` variable does).  Credentials come from the standard AWS variables
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``), a profile, or
+    an instance role, which the client reads itself; or from ``access_key_id`` and
+    ``secret_access_key`` given as ``dg.EnvVar(...)``, which the UI shows by variable name
+    only.  They never enter the store's URL, its identity, metadata, logs or error messages.
+    """
+
+    url: str = "data/zarrfeed.zarr"
+    endpoint_url: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    def storage_options(self) -> dict[str, Any] | None:
+        options = {
+            "endpoint_url": self.endpoint_url,
+            "key": self.access_key_id,
+            "secret": self.secret_access_key,
+        }
+        return {k: v for k, v in options.items() if v} or None
+
+    def store(self) -> ZarrStore:
+        return ZarrStore(self.url, storage_options=self.storage_options())
+
+    def catalog(self, family: str) -> RawCatalog:
+        """The raw-item catalog of ``family``, kept beside the data."""
+        return RawCatalog(self.store().backend, family)
