@@ -1,0 +1,432 @@
+"""The machine's services (Postgres, Redis on 127.0.0.1) and a Dagster deployment started the
+way deploy/README.md says: code server, webserver, daemon and Celery workers as separate
+processes, each in its own process group, stopped by PID.
+
+Shared by the deployment tests and ``benchmarks/build.py``.  A service that does not answer
+is an error that names it and the command that starts it: these tests are part of the
+product, so they fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+HOST = "127.0.0.1"
+PG_PORT, REDIS_PORT = 5432, 6379
+START = {
+    "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    "Redis": 'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" '
+    "--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log",
+}
+LOCATION = "zarrfeed"
+
+
+class ServiceDown(RuntimeError):
+    """A service the deployment needs is not answering."""
+
+
+def require(service: str, port: int) -> None:
+    try:
+        socket.create_connection((HOST, port), timeout=3).close()
+    except OSError as exc:
+        raise ServiceDown(
+            f"{service} is not answering on {HOST}:{port} ({exc}); start it with: {START[service]}"
+        ) from None
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[dict[str, str]]:
+    """A fresh database ``zf_<random>``, dropped at the end; yields the DAGSTER_PG_* variables
+    that deploy/dagster.yaml reads."""
+    import psycopg2
+
+    require("PostgreSQL", PG_PORT)
+    name = f"zf_{secrets.token_hex(6)}"
+    admin = psycopg2.connect(host=HOST, port=PG_PORT, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        yield {
+            "DAGSTER_PG_HOST": HOST,
+            "DAGSTER_PG_PORT": str(PG_PORT),
+            "DAGSTER_PG_USERNAME": "postgres",
+            "DAGSTER_PG_PASSWORD": "",
+            "DAGSTER_PG_DB": name,
+        }
+    finally:
+        with admin.cursor() as cur:  # FORCE: connections of killed processes linger
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+@contextlib.contextmanager
+def redis_database() -> Iterator[dict[str, str]]:
+    """A Redis database (1-15) claimed for this deployment alone, so that other test runs on
+    the machine never take its Celery tasks; yields the ZARRFEED_CELERY_* variables."""
+    import redis
+
+    require("Redis", REDIS_PORT)
+    claims = redis.Redis(host=HOST, port=REDIS_PORT, db=0)
+    token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    for db in random.sample(range(1, 16), 15):
+        if claims.set(f"zarrfeed-tests:db:{db}", token, nx=True, ex=3600):
+            break
+    else:
+        raise ServiceDown("all 15 Redis databases are claimed by other test runs; retry later")
+    url = f"redis://{HOST}:{REDIS_PORT}/{db}"
+    redis.Redis(host=HOST, port=REDIS_PORT, db=db).flushdb()
+    try:
+        yield {"ZARRFEED_CELERY_BROKER": url, "ZARRFEED_CELERY_BACKEND": url}
+    finally:
+        redis.Redis(host=HOST, port=REDIS_PORT, db=db).flushdb()
+        claims.delete(f"zarrfeed-tests:db:{db}")
+
+
+def instance_yaml(base: Mapping[str, Any], **runs_and_monitoring: Any) -> str:
+    """``base`` (a parsed dagster.yaml) with test-sized run limits and monitoring intervals."""
+    config = json.loads(json.dumps(base))
+    if "max_concurrent_runs" in runs_and_monitoring:
+        limit = runs_and_monitoring.pop("max_concurrent_runs")
+        config.setdefault("concurrency", {}).setdefault("runs", {})["max_concurrent_runs"] = limit
+    config.setdefault("run_monitoring", {}).update(runs_and_monitoring)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+class Deployment:
+    """Dagster as a service on 127.0.0.1: one code server (``dagster code-server start``),
+    the webserver and the daemon reaching it through a gRPC workspace, and Celery workers.
+
+    ``env`` is every process's environment (DAGSTER_HOME, ZARRFEED_*, the Postgres and
+    broker variables); output goes to ``<home>/process_logs/<name>.log`` (not ``logs/``:
+    Dagster's telemetry uploader owns ``$DAGSTER_HOME/logs`` and moves it away).
+    """
+
+    def __init__(self, home: Path, env: Mapping[str, str]) -> None:
+        path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # dagster-celery runs `celery`
+        self.home = home
+        self.env = {**os.environ, **env, "DAGSTER_HOME": str(home), "PATH": path}
+        self.logs = home / "process_logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.code_port, self.web_port = free_port(), free_port()
+        self.workspace = home / "workspace.yaml"
+        self.workspace.write_text(
+            yaml.safe_dump(
+                {
+                    "load_from": [
+                        {
+                            "grpc_server": {
+                                "host": HOST,
+                                "port": self.code_port,
+                                "location_name": LOCATION,
+                            }
+                        }
+                    ]
+                }
+            )
+        )
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    # -- processes ------------------------------------------------------------------------
+
+    def spawn(self, name: str, *cmd: str) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "a") as log:
+            proc = subprocess.Popen(
+                [str(c) for c in cmd],
+                cwd=self.home,  # not the repository: the dagster CLIs load a .env from the cwd
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped with its children
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start_code_server(self) -> None:
+        self.spawn("code_server", BIN / "dagster", "code-server", "start", "-m",
+                   "zarrfeed.definitions", "-h", HOST, "-p", str(self.code_port),
+                   "--location-name", LOCATION)  # fmt: skip
+
+    def start_webserver(self) -> None:
+        self.spawn("webserver", BIN / "dagster-webserver", "-h", HOST, "-p", str(self.web_port),
+                   "-w", self.workspace)  # fmt: skip
+
+    def start_daemon(self) -> None:
+        self.spawn("daemon", BIN / "dagster-daemon", "run", "-w", self.workspace)
+
+    def start_worker(self, name: str) -> None:
+        """One Celery worker process (one step at a time) on the ``dagster`` queue."""
+        self.spawn(name, BIN / "dagster-celery", "worker", "start", "-A", "dagster_celery.app",
+                   "-y", REPO / "deploy" / "celery.yaml", "-q", "dagster", "-n", name,
+                   "--", "--concurrency=1")  # fmt: skip
+
+    def start(self, workers: Sequence[str] = ()) -> None:
+        """Code server, webserver, daemon and ``workers``, ready, every sensor stopped: the
+        caller launches exactly the runs it checks."""
+        self.start_code_server()
+        self.start_webserver()
+        self.start_daemon()
+        for name in workers:
+            self.start_worker(name)
+        self.wait_ready(workers)
+        self.stop_sensors()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal ``name``'s whole process group and reap it."""
+        proc = self.procs.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.kill(name, signal.SIGTERM)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"
+            for p in sorted(self.logs.glob("*.log"))
+        )
+
+    # -- readiness ------------------------------------------------------------------------
+
+    def wait_ready(self, workers: Sequence[str] = (), timeout: float = 120) -> None:
+        """Until the webserver serves the loaded code location, the daemon's run queue,
+        monitoring and retry daemons beat, and every worker answers a ping."""
+
+        self.wait_until(self.code_server_id, timeout, "the code location to load in the webserver")
+        wanted = {"QUEUED_RUN_COORDINATOR", "MONITORING", "EVENT_LOG_CONSUMER", "BACKFILL"}
+
+        def daemons() -> bool:
+            data = self.graphql(
+                "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy } } } }"
+            )
+            statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
+            return wanted <= {s["daemonType"] for s in statuses if s["healthy"]}
+
+        self.wait_until(daemons, timeout, f"the daemon ({', '.join(sorted(wanted))})")
+        if workers:
+            self.wait_workers(workers, timeout)
+
+    def code_server_id(self) -> str | None:
+        """The id of the code server the webserver serves the location from; None while it
+        serves none.  A restarted code server has a new id."""
+        try:
+            data = self.graphql(
+                "{ workspaceOrError { ... on Workspace { locationEntries { locationOrLoadError {"
+                " ... on RepositoryLocation { serverId } } } } } }"
+            )
+        except OSError:
+            return None
+        entries = data["workspaceOrError"]["locationEntries"]
+        return next((e["locationOrLoadError"].get("serverId") for e in entries), None)
+
+    def wait_new_code_server(self, old: str | None, timeout: float = 120) -> None:
+        """Until the webserver's watch thread has moved the location to a code server other
+        than ``old`` (a reload request would restart the new one once more)."""
+        self.wait_until(
+            lambda: self.code_server_id() not in (None, old), timeout, "the restarted code server"
+        )
+
+    def wait_workers(self, names: Sequence[str], timeout: float = 120) -> None:
+        from celery import Celery
+
+        app = Celery(broker=self.env["ZARRFEED_CELERY_BROKER"])
+
+        def answered() -> bool:
+            replies = app.control.ping(timeout=1.0)
+            seen = {host.split("@")[0] for reply in replies for host in reply}
+            return set(names) <= seen
+
+        self.wait_until(answered, timeout, f"Celery workers {names} to answer a ping")
+
+    def wait_until(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        """:func:`wait_for`, failing with the tail of every process's log."""
+        try:
+            return wait_for(predicate, timeout, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
+
+    # -- GraphQL (the webserver's public API) -----------------------------------------------
+
+    def graphql(self, query: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(
+            f"http://{HOST}:{self.web_port}/graphql",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                payload = json.loads(response.read())
+        except urllib.error.HTTPError as exc:  # the body says why: a PythonError, bad query
+            body = exc.read()
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                raise AssertionError(f"GraphQL HTTP {exc.code}: {body[:2000]!r}") from None
+        if payload.get("errors"):
+            raise AssertionError(f"GraphQL errors: {payload['errors']}")
+        return payload["data"]
+
+    def launch_run(
+        self,
+        job: str,
+        partition: str | None = None,
+        run_config: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> str:
+        """Submit ``job`` (one partition of it) to the run queue; returns the run id."""
+        all_tags = {**({"dagster/partition": partition} if partition else {}), **(tags or {})}
+        data = self.graphql(
+            """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
+                 __typename ... on LaunchRunSuccess { run { runId } }
+                 ... on PythonError { message } ... on RunConfigValidationInvalid {
+                 errors { message } } } }""",
+            {
+                "p": {
+                    "selector": self.selector(jobName=job),
+                    "runConfigData": dict(run_config or {}),
+                    "executionMetadata": {
+                        "tags": [{"key": k, "value": v} for k, v in all_tags.items()]
+                    },
+                }
+            },
+        )["launchRun"]
+        assert data["__typename"] == "LaunchRunSuccess", data
+        return data["run"]["runId"]
+
+    def launch_backfill(
+        self, job: str, partitions: list[str], run_config: Mapping[str, Any] | None = None
+    ) -> str:
+        """A backfill of ``job`` over ``partitions`` (one run per partition, via the queue)."""
+        data = self.graphql(
+            """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+                 __typename ... on LaunchBackfillSuccess { backfillId }
+                 ... on PythonError { message } } }""",
+            {
+                "p": {
+                    "selector": {
+                        "partitionSetName": f"{job}_partition_set",
+                        "repositorySelector": self.selector(),
+                    },
+                    "partitionNames": partitions,
+                    "runConfigData": dict(run_config or {}),
+                }
+            },
+        )["launchPartitionBackfill"]
+        assert data["__typename"] == "LaunchBackfillSuccess", data
+        return data["backfillId"]
+
+    def stop_sensors(self) -> list[str]:
+        """Stop every sensor (discovery, automation): a test launches exactly the runs it checks."""
+        data = self.graphql(
+            """query($r: RepositorySelector!) { repositoryOrError(repositorySelector: $r) {
+                 ... on Repository { sensors { id name } } } }""",
+            {"r": self.selector()},
+        )
+        sensors = data["repositoryOrError"]["sensors"]
+        for sensor in sensors:
+
+            def stopped(sensor_id: str = sensor["id"]) -> bool:
+                """Stopped; a PythonError when the daemon's first tick writes the sensor's
+                state at the same moment (seen once on Postgres): try again."""
+                result = self.graphql(
+                    "mutation($id: String!) { stopSensor(id: $id) { __typename"
+                    " ... on PythonError { message } } }",
+                    {"id": sensor_id},
+                )["stopSensor"]
+                return result["__typename"] == "StopSensorMutationResult"
+
+            self.wait_until(stopped, 30, f"sensor {sensor['name']} to stop")
+        return [s["name"] for s in sensors]
+
+    def set_pool_limit(self, pool: str, limit: int) -> None:
+        """What ``dagster instance concurrency set POOL LIMIT`` does (deploy/README.md)."""
+        data = self.graphql(
+            "mutation($k: String!, $n: Int!) "
+            "{ setConcurrencyLimit(concurrencyKey: $k, limit: $n) }",
+            {"k": pool, "n": limit},
+        )
+        assert data["setConcurrencyLimit"] is True, data
+
+    def wait_backfill(self, backfill: str, runs: int, timeout: float = 600) -> list[Any]:
+        """The backfill's runs once all ``runs`` of them have finished."""
+        import dagster as dg
+
+        with self.instance() as instance:
+
+            def finished() -> list[Any] | None:
+                found = instance.get_runs(
+                    filters=dg.RunsFilter(tags={"dagster/backfill": backfill})
+                )
+                return found if len(found) == runs and all(r.is_finished for r in found) else None
+
+            return self.wait_until(finished, timeout, f"the {runs} runs of backfill {backfill}")
+
+    @staticmethod
+    def selector(**job: str) -> dict[str, str]:
+        """The code location's repository, and ``jobName=`` or ``pipelineName=`` if given."""
+        return {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", **job}
+
+    # -- the instance, as the processes see it -------------------------------------------
+
+    @contextlib.contextmanager
+    def instance(self) -> Iterator[Any]:
+        """The deployment's DagsterInstance in this process (its dagster.yaml reads the
+        environment only while it is opened)."""
+        import dagster as dg
+
+        keys = [k for k in self.env if k.startswith(("DAGSTER_", "ZARRFEED_"))]
+        saved = {k: os.environ.get(k) for k in keys}
+        os.environ.update({k: self.env[k] for k in keys})
+        try:
+            instance = dg.DagsterInstance.get()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        with instance:
+            yield instance
