@@ -1,5 +1,8 @@
-"""``dagster dev`` on 127.0.0.1 for end-to-end tests: started in its own process group on a
-free port with the given environment, torn down with the group."""
+"""``dg dev`` on 127.0.0.1 for end-to-end tests: started in its own process group on a free
+port with the given environment, torn down with the group.
+
+It runs in the log's folder, not the repository: the dagster CLI lets the ``.env`` of its
+working folder override the environment, and the tests' folders are not the defaults."""
 
 from __future__ import annotations
 
@@ -38,11 +41,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 def start_dagster_dev(env: dict[str, str], log_path: Path) -> Iterator[int]:
     """Webserver + daemon (sensors, automation) for ``workspace.yaml``; yields the port."""
     port = free_port()
-    cmd = [Path(sys.executable).with_name("dagster"), "dev", "-w", "workspace.yaml",
+    cmd = [Path(sys.executable).with_name("dg"), "dev", "-w", REPO / "workspace.yaml",
            "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=log_path.parent,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
 

@@ -43,6 +43,10 @@ def test_loaders_benchmark_quick():
         "loader.vs_monai",
         "loader.vs_torchio",
         "loader.init_10k_partitions_s",
+        "loader.warm_vs_memcpy",
+        "loader.ooc_vs_zarr",
+        "loader.ooc_shm_peak_over_budget",
+        "loader.ooc_decoded_over_dataset",
     } <= names
 
 

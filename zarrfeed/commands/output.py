@@ -1,0 +1,108 @@
+"""Tables for a person or a script: rich in a terminal, aligned plain text when piped, JSON on
+request — one routine, so every command looks and pipes alike."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+
+def is_terminal(stream: TextIO) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def print_table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    title: str = "",
+    stream: TextIO | None = None,
+    notes: Sequence[str] = (),
+) -> None:
+    """``rows`` under ``columns``; numbers right-aligned.  ``notes`` follow the table (a
+    root cause, the command that fixes something), one line each."""
+    stream = stream or sys.stdout
+    cells = [["" if c is None else str(c) for c in row] for row in rows]
+    numeric = [
+        all(_is_number(r[i]) for r in cells if r[i]) and any(r[i] for r in cells)
+        for i in range(len(columns))
+    ]
+    if is_terminal(stream):
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title or None, title_justify="left", header_style="bold")
+        for name, right in zip(columns, numeric, strict=True):
+            table.add_column(name, justify="right" if right else "left", overflow="fold")
+        for row in cells:
+            table.add_row(*(_style(c) for c in row))
+        console = Console(file=stream)
+        console.print(table)
+        for note in notes:
+            console.print(note, highlight=False, markup=False)
+        return
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if right else c.ljust(w)
+            for c, w, right in zip(row, widths, numeric, strict=True)
+        ).rstrip()
+
+    if title:
+        print(title, file=stream)
+    print(line(list(columns)), file=stream)
+    print("  ".join("-" * w for w in widths), file=stream)
+    for row in cells:
+        print(line(row), file=stream)
+    for note in notes:
+        print(note, file=stream)
+
+
+def print_json(value: Any, stream: TextIO | None = None) -> None:
+    json.dump(value, stream or sys.stdout, indent=2, default=str)
+    print(file=stream or sys.stdout)
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` → ``1.5 KiB``: sizes a person reads at a glance."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def codec_text(codec: Mapping[str, Any] | None) -> str:
+    """``{"name": "blosc", "configuration": {"cname": "zstd", "clevel": 3, ...}}`` →
+    ``blosc zstd level 3, bitshuffle``."""
+    if not codec:
+        return "none"
+    conf = codec.get("configuration") or {}
+    words = [codec.get("name", "?")]
+    if "cname" in conf:
+        words.append(str(conf["cname"]))
+    if "clevel" in conf or "level" in conf:
+        words.append(f"level {conf.get('clevel', conf.get('level'))}")
+    text = " ".join(words)
+    shuffle = conf.get("shuffle")
+    return f"{text}, {shuffle}" if shuffle and shuffle != "noshuffle" else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", "").split()[0])
+    except (ValueError, IndexError):
+        return False
+    return True
+
+
+def _style(cell: str) -> str:
+    from rich.markup import escape
+
+    if cell in ("NO", "FAILED", "MISMATCH", "failed", "missing", "stale"):
+        return f"[bold red]{escape(cell)}[/]"
+    if cell in ("yes", "ok", "current"):
+        return f"[green]{escape(cell)}[/]"
+    return escape(cell)

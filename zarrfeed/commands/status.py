@@ -1,0 +1,135 @@
+"""``zarrfeed status`` (seed 001's status check): per family, the partitions that are missing,
+stale, failed, running or without a raw source, each with the command that fixes it.
+
+Out of date has one meaning here, the nightly schedule's (``zarrfeed.jobs.nightly
+.out_of_date`` over ``zarrfeed.store.contract.stale_reason``), so ``status`` and the nightly
+never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zarrfeed.store.contract import FAMILIES, failed_checks
+
+LAUNCH = "dg launch -m zarrfeed.definitions --job {job} --partition {key}"
+
+
+@dataclass
+class Entry:
+    """Partitions of a family in one state, and what to do about them."""
+
+    family: str
+    state: str  # missing | stale | failed | running | no source | conflict
+    keys: list[str]
+    why: str
+    fix: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def family_status(
+    family: str,
+    store: Any,
+    catalog: Any,
+    settings: Mapping[str, Any],
+    partition_keys: list[str] | None,
+    partition_states: Mapping[str, str],
+) -> tuple[int, list[Entry]]:
+    """(partitions, entries) of ``family``; ``partition_keys`` are the instance's (None
+    without an instance: the catalog's), ``partition_states`` key → ``running`` or the root
+    cause of its last failed run, from the instance."""
+    from zarrfeed.jobs.nightly import out_of_date
+
+    spec = FAMILIES[family]
+    index = catalog.index()
+    keys = sorted(partition_keys if partition_keys is not None else index)
+    job = f"{family}_build"
+    entries: list[Entry] = []
+
+    def add(state: str, found: list[str], why: str, fix: str) -> None:
+        if found:
+            entries.append(Entry(family, state, sorted(found), why, fix))
+
+    running = [k for k, s in partition_states.items() if s == "running"]
+    failed_runs = {k: s for k, s in partition_states.items() if s != "running" and k in index}
+    reasons = out_of_date(spec, store, settings, keys, index)
+    busy = {*running, *failed_runs}
+    missing = {k: w for k, w in reasons.items() if w.endswith("missing") and k not in busy}
+    stale = {k: w for k, w in reasons.items() if k not in missing and k not in busy}
+    add("missing", list(missing), "never built", _launch(job, missing))
+    for why in sorted(set(stale.values())):
+        group = [k for k, w in stale.items() if w == why]
+        add("stale", group, why, _launch(job, group))
+    add("running", running, "a run is building it", "wait, or watch it in the UI (dg dev)")
+    records = {a.name: store.commit_records(a.path, keys) for a in spec.assets}
+    bad_checks = {
+        k: [f"{a}:{c}" for a, r in records.items() for c in failed_checks(r.get(k))] for k in keys
+    }
+    for key, checks in sorted(bad_checks.items()):
+        if checks and key not in reasons and key not in failed_runs:
+            add("failed", [key], "checks failed: " + ", ".join(checks), "fix its raw source, then "
+                + LAUNCH.format(job=job, key=key))  # fmt: skip
+    for key, cause in sorted(failed_runs.items()):
+        if not index[key].conflict:
+            add("failed", [key], cause, "fix the cause, then " + LAUNCH.format(job=job, key=key))
+    conflicts = [k for k in keys if k in index and index[k].conflict]
+    for key in conflicts:
+        item = index[key]
+        add("conflict", [key], f"{item.location} and {', '.join(item.conflict)} claim this key",
+            "rename one of the files")  # fmt: skip
+    gone = [k for k in keys if k not in index]
+    for key in gone:
+        add("no source", [key], "no raw item in the catalog (never discovered, or deleted)",
+            f"zarrfeed partitions remove {family} {key}")  # fmt: skip
+    return len(keys), entries
+
+
+def _launch(job: str, keys: Mapping[str, str] | list[str]) -> str:
+    keys = sorted(keys)
+    if len(keys) == 1:
+        return LAUNCH.format(job=job, key=keys[0])
+    nightly = job.replace("_build", "_nightly")
+    return f"{LAUNCH.format(job=job, key='KEY')} for each, or let {nightly} build them"
+
+
+def partition_states(instance: Any, family: str, keys: list[str]) -> dict[str, str]:
+    """Key → ``running``, or the root cause of the failed run that left one of the family's
+    raw or stored assets failed, from the instance."""
+    import dagster as dg
+
+    from zarrfeed.assets.partitions import PARTITIONS
+
+    spec = FAMILIES[family]
+    out: dict[str, str] = {}
+    for name in (spec.raw_asset, *(a.name for a in spec.assets)):
+        states = instance.get_status_by_partition(dg.AssetKey(name), keys, PARTITIONS[family])
+        for key, state in (states or {}).items():
+            if state == dg.AssetPartitionStatus.IN_PROGRESS:
+                out[key] = "running"
+            elif state == dg.AssetPartitionStatus.FAILED and key not in out:
+                out[key] = failure_cause(instance, key)
+    return out
+
+
+def failure_cause(instance: Any, key: str) -> str:
+    """The root cause of the latest failed run of partition ``key``, one line."""
+    import dagster as dg
+
+    from zarrfeed.demo import root_cause
+
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(
+            tags={"dagster/partition": key}, statuses=[dg.DagsterRunStatus.FAILURE]
+        ),
+        limit=1,
+    )
+    if not runs:
+        return "its last run failed"
+    for record in instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        event = record.dagster_event
+        return f"{event.step_key}: {root_cause(event.event_specific_data.error)}"
+    return f"run {runs[0].run_id[:8]} failed"
