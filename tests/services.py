@@ -29,6 +29,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+PING = """
+import sys, time
+from celery import Celery
+broker, timeout, names = sys.argv[1], float(sys.argv[2]), set(sys.argv[3:])
+app = Celery(broker=broker)
+deadline = time.monotonic() + timeout
+while time.monotonic() < deadline:
+    seen = {h.split("@")[0] for reply in app.control.ping(timeout=1.0) for h in reply}
+    if names <= seen:
+        sys.exit(0)
+    print("answered:", sorted(seen), flush=True)
+    time.sleep(0.5)
+sys.exit(1)
+"""
 HOST = "127.0.0.1"
 PG_PORT, REDIS_PORT = 5432, 6379
 START = {
@@ -269,16 +283,20 @@ class Deployment:
         )
 
     def wait_workers(self, names: Sequence[str], timeout: float = 120) -> None:
-        from celery import Celery
-
-        app = Celery(broker=self.env["ZARRFEED_CELERY_BROKER"])
-
-        def answered() -> bool:
-            replies = app.control.ping(timeout=1.0)
-            seen = {host.split("@")[0] for reply in replies for host in reply}
-            return set(names) <= seen
-
-        self.wait_until(answered, timeout, f"Celery workers {names} to answer a ping")
+        """Until every worker in ``names`` answers a Celery ping.  Pinged from a child
+        process: a Celery app in this one leaves kombu's after-fork hook behind, which blocks
+        every later fork of the test process (other tests' DataLoader workers) for ever on a
+        BRPOP while closing the inherited Redis channel."""
+        ping = subprocess.run(
+            [sys.executable, "-c", PING, self.env["ZARRFEED_CELERY_BROKER"], str(timeout),
+             *names],
+            capture_output=True, text=True, timeout=timeout + 60,
+        )  # fmt: skip
+        if ping.returncode:
+            raise AssertionError(
+                f"Celery workers {list(names)} never answered a ping in {timeout:.0f}s: "
+                f"{ping.stdout[-500:]}{ping.stderr[-1500:]}\n{self.log_tail()}"
+            )
 
     def wait_until(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         """:func:`wait_for`, failing with the tail of every process's log."""
