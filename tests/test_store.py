@@ -66,6 +66,16 @@ def test_round_trip_provenance_and_manifest(store):
         store.open_partition("ct/windows", "scan_3")
 
 
+def test_non_finite_attrs_survive_the_fast_json_path(store):
+    # Records are written by json.dumps, which writes NaN; the fast parser refuses it and
+    # must hand the record to the standard library, never drop or change the value.
+    with store.write_partition("ct/windows", "scan_1", {"hu_min": float("nan")}) as w:
+        w.write("lung", np.zeros((4, 4, 4), dtype=np.float16))
+    assert np.isnan(store.commit_record("ct/windows", "scan_1")["attrs"]["hu_min"])
+    assert store.commit_records("ct/windows", ["scan_1"])["scan_1"]["key"] == "scan_1"
+    assert store.write_manifest("ct/windows")["total_partitions"] == 1
+
+
 def test_failed_write_leaves_nothing_and_keeps_the_committed_version(store):
     write(store, "scan_1", 0.5)
     with (
@@ -310,3 +320,33 @@ def test_read_into_names_a_corrupt_chunk(tmp_path):
     )
     with pytest.raises(StoreError, match=r"a\.zarr/c/1/0: chunk does not decode"):
         chunked.read()
+
+
+def test_consolidation_reads_only_what_changed_and_equals_a_fresh_one(store, monkeypatch):
+    def rows(key: str, start: int) -> None:
+        with store.write_partition("ct/patches", key, {}) as w:
+            w.write("origins", np.arange(start, start + 12, dtype=np.uint16).reshape(4, 3))
+
+    for i, key in enumerate(["a", "b", "c"]):
+        rows(key, 100 * i)
+    reads: list[str] = []
+    real = store.read_array
+
+    def counted(asset, key, name, version=None):
+        reads.append(f"{asset}/{key}")
+        return real(asset, key, name, version)
+
+    monkeypatch.setattr(store, "read_array", counted)
+    assert store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])["rows"] == 12
+    assert sorted(reads) == ["ct/patches/a", "ct/patches/b", "ct/patches/c"]
+    reads.clear()
+    assert store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])["rows"] == 12
+    assert reads == []  # nothing changed: nothing read, nothing written
+    rows("b", 900)  # a rebuilt partition
+    reads.clear()
+    store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])
+    assert [r for r in reads if r.startswith("ct/")] == ["ct/patches/b"]
+    table = real("datasets/ct", "patches", "origins")
+    fresh = np.concatenate([real("ct/patches", k, "origins") for k in ["a", "b", "c"]])
+    np.testing.assert_array_equal(table, fresh)
+    np.testing.assert_array_equal(real("datasets/ct", "patches", "offsets"), [0, 4, 8, 12])

@@ -97,8 +97,9 @@ def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
         store = zarr_store.store()
         manifest = store.write_dataset(ds.name, [a.path for a in ds.assets])
         keys = manifest["keys"]
+        pinned = {a: [p["version"] for p in m["partitions"]] for a, m in manifest["assets"].items()}
         consolidated = {
-            table: store.consolidate(ds.name, spec.path, keys, list(arrays))
+            table: store.consolidate(ds.name, spec.path, keys, list(arrays), pinned[spec.path])
             for table, (spec, arrays) in ds.tables.items()
             if keys
         }

@@ -1,0 +1,34 @@
+"""JSON for commit records, record indexes and manifests, fast enough for 50,000 partitions.
+
+orjson parses and writes several times faster than the standard library, which is what a
+manifest over 200,000 commit records or a 100 MB dataset manifest costs.  Commit records are
+written by ``json.dumps`` and may hold ``NaN``/``Infinity``, which orjson refuses to parse:
+those go through the standard library.  What :func:`dumps` writes (indexes and manifests) is
+sizes, shapes, names, hashes and times, never a non-finite number, which orjson would write as
+``null``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+
+def loads(data: bytes | str) -> Any:
+    """A JSON document; one holding ``NaN`` or ``Infinity`` is parsed by the standard library."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def dumps(obj: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """Compact JSON bytes of ``obj``; the standard library's where orjson cannot write it
+    (keys that are not strings, integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(obj, default=default)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), default=default).encode()
