@@ -245,7 +245,7 @@ def ooc_epoch(store: ZarrStore, budget_gb: float, workers: int) -> tuple[float, 
     return rate, peak[0], decoded
 
 
-def out_of_core(
+def beyond_ram(
     work: Path, shape: tuple[int, int, int], budget_gb: float, per_volume: int, repeats: int
 ) -> None:
     """Eight volumes through a cache that holds about a third of them."""
@@ -529,9 +529,9 @@ def main() -> None:
     try:
         ct_loaders(work, (96, 128, 128) if args.quick else (240, 480, 480))
         if args.quick:  # the same proportions: 75 MB decoded through a 21 MB cache
-            out_of_core(work, (128, 192, 192), 0.02, per_volume=32, repeats=1)
+            beyond_ram(work, (128, 192, 192), 0.02, per_volume=32, repeats=1)
         else:
-            out_of_core(work, (240, 480, 480), 0.25, per_volume=128, repeats=2)
+            beyond_ram(work, (240, 480, 480), 0.25, per_volume=128, repeats=2)
         pss(work, 0.25 if args.quick else 2.0)
         if not args.quick:
             spike(work)

@@ -10,7 +10,7 @@ def imported_after(stmt: str) -> set[str]:
     return {m.split(".")[0] for m in out.stdout.split()}
 
 
-def test_core_layers_do_not_import_dagster():
+def test_inner_layers_do_not_import_dagster():
     assert "dagster" not in imported_after(
         "import zarrfeed.transforms, zarrfeed.store, zarrfeed.formats"
     )

@@ -80,7 +80,7 @@ def test_resume_repeats_the_uninterrupted_loss_curve(built, tmp_path):
     assert resumed.eval_after == whole.eval_after
 
 
-def test_out_of_core_training_uses_the_block_sampler_and_resumes_exactly(built, tmp_path):
+def test_beyond_ram_training_uses_the_block_sampler_and_resumes_exactly(built, tmp_path):
     def cfg(where: str, steps: int):
         c = config(built, tmp_path / where, "ct_classifier", steps=steps, checkpoint_every=3)
         c.data.cache_gb = 0.012  # 12 MB for 24 MB of windows: out of core

@@ -67,7 +67,7 @@ def ct_store(tmp_path_factory) -> ZarrStore:
     return build_ct(tmp_path_factory.mktemp("ct") / "store.zarr")
 
 
-def test_out_of_core_reads_equal_the_store_and_decode_only_what_patches_touch(ct_store):
+def test_beyond_ram_reads_equal_the_store_and_decode_only_what_patches_touch(ct_store):
     ds = CTPatchDataset(ct_store, cache_gb=unit_budget_gb(20))
     assert not ds.cache.in_ram and ds.cache.arena.slots == 20
     ds.cache.clear()
@@ -301,7 +301,7 @@ def test_block_working_set_fits_and_the_next_block_is_prefetched(ct_store):
     it.close()
 
 
-def test_make_loader_picks_the_block_sampler_out_of_core_and_says_why(ct_store):
+def test_make_loader_picks_the_block_sampler_beyond_ram_and_says_why(ct_store):
     lines: list[str] = []
     ds = CTPatchDataset(ct_store, cache_gb=unit_budget_gb(20))
     loader, _ = make_loader(ds, 4, workers=0, log=lines.append)

@@ -241,15 +241,15 @@ def make_loader(
             )
     if order not in ("auto", "block", "random"):
         raise ValueError(f"order must be 'auto', 'block' or 'random', got {order!r}")
-    out_of_core = cache is not None and not cache.in_ram
-    if sampler is None and shuffle and (order == "block" or (order == "auto" and out_of_core)):
+    beyond_ram = cache is not None and not cache.in_ram
+    if sampler is None and shuffle and (order == "block" or (order == "auto" and beyond_ram)):
         sampler = make_sampler(dataset, order, seed=seed)
     elif sampler is None and shuffle:
         notes.append("sampler: shuffled over the whole dataset, a new order every epoch")
     if sampler is not None and hasattr(sampler, "reason"):
         notes.append(f"sampler: {sampler.reason}")
     sample = sample_bytes(dataset[0]) if len(dataset) else 0
-    in_flight = int(IN_FLIGHT_SHARE * budget) if out_of_core else 0
+    in_flight = int(IN_FLIGHT_SHARE * budget) if beyond_ram else 0
     plan = plan_loader(len(dataset), batch_size, workers, sample, budget, train, context, in_flight)
     plan.reasons += notes
     loader = DataLoader(

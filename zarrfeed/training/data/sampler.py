@@ -172,8 +172,8 @@ def make_sampler(
     cache = getattr(dataset, "cache", None)
     if mode not in ("auto", "block", "random"):
         raise ValueError(f"sampler must be 'auto', 'block' or 'random', got {mode!r}")
-    out_of_core = cache is not None and not cache.in_ram
-    if mode == "block" or (mode == "auto" and out_of_core):
+    beyond_ram = cache is not None and not cache.in_ram
+    if mode == "block" or (mode == "auto" and beyond_ram):
         if cache is None:
             raise ValueError(f"{type(dataset).__name__} has no cache to block-shuffle for")
         sampler: ResumableSampler | BlockSampler = BlockSampler(dataset, rank, world, seed)
