@@ -24,6 +24,7 @@ from functools import cached_property
 from typing import Any
 
 from zarrfeed.errors import StoreError
+from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.keys import check_asset, check_key
 
@@ -123,7 +124,7 @@ class RawCatalog:
     def get(self, key: str) -> RawItem | None:
         """The item of partition ``key`` (one small read), or None if it was never found."""
         try:
-            return RawItem.from_json(json.loads(self.backend.read(self._item_path(key))))
+            return RawItem.from_json(jsonio.loads(self.backend.read(self._item_path(key))))
         except FileNotFoundError:
             return None
 
@@ -150,7 +151,7 @@ class RawCatalog:
                 self._index = cached[1]
             else:
                 try:
-                    rows = json.loads(self.backend.read(self._index_path))
+                    rows = jsonio.loads(self.backend.read(self._index_path))
                 except FileNotFoundError:
                     rows = []
                 self._index = {r["key"]: RawItem.from_json(r) for r in rows}
