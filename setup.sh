@@ -14,7 +14,9 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 # browser download is never used).  Needs root; elsewhere the browser test says what to run.
 if [ ! -x /usr/bin/chromium ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+        # Wait for another apt (a second setup, unattended upgrades) instead of failing.
+        apt="apt-get -o DPkg::Lock::Timeout=600"
+        $apt update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $apt install -y -q chromium >/dev/null
     else
         echo "setup.sh: /usr/bin/chromium is missing; the browser test needs it: sudo apt-get install chromium" >&2
     fi
