@@ -20,6 +20,7 @@ assets from the contract.
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,21 +128,25 @@ def build_partition(
     t0 = time.perf_counter()
     arrays = step.produce()
     conform(spec, settings, arrays)
-    checks = step.check(arrays)
-    attrs = provenance(
-        step.source,
-        step.source_sha256,
-        spec.version,
-        spec.settings_of(settings, key),
-        fingerprint=fingerprint,
-        **{ATTR: {name: array_sha256(data) for name, data in arrays.items()}},
-        **step.attrs,
-    )
-    with store.write_partition(spec.path, key, attrs) as w:
-        for name, data in arrays.items():
-            a = spec.array(name)
-            w.write(name, data, read=a.read, content=a.content, dimension_names=a.dims)
-        w.checks = {n: ok for n, (ok, _) in checks.items()}
+    with ThreadPoolExecutor(1, thread_name_prefix="checksum") as pool:
+        # The checksums are computed beside the checks and the write (hashlib releases the
+        # GIL): hashing a CT volume takes as long as coding it.
+        sums = pool.submit(lambda: {name: array_sha256(d) for name, d in arrays.items()})
+        checks = step.check(arrays)
+        attrs = provenance(
+            step.source,
+            step.source_sha256,
+            spec.version,
+            spec.settings_of(settings, key),
+            fingerprint=fingerprint,
+            **step.attrs,
+        )
+        with store.write_partition(spec.path, key, attrs) as w:
+            for name, data in arrays.items():
+                a = spec.array(name)
+                w.write(name, data, read=a.read, content=a.content, dimension_names=a.dims)
+            w.checks = {n: ok for n, (ok, _) in checks.items()}
+            w.attrs[ATTR] = sums.result()
     seconds = time.perf_counter() - t0
     metadata = partition_metadata(store, spec.path, key, seconds, why)
     return Built({**metadata, **step.describe(arrays)}, checks, fingerprint)

@@ -133,9 +133,14 @@ def _hu_step(
 
     def describe(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         out = arrays["hu"]
-        lung = {"lung window": ct.apply_window(out, "lung", "float32")}
         title = f"HU volume {key} ({'×'.join(map(str, out.shape))}), lung window"
-        return {"preview": png_markdown(volume_png(lung, title, preset.spacing), title)}
+        png = volume_png(
+            {"lung window": out},
+            title,
+            preset.spacing,
+            view=lambda s: ct.apply_window(s, "lung", "float32"),
+        )
+        return {"preview": png_markdown(png, title)}
 
     step = Step(
         inputs={SOURCE: source_identity(item, sha)},
@@ -156,8 +161,7 @@ def _windows(
 
     def step(key: str) -> Step:
         def produce() -> dict[str, np.ndarray]:
-            volume = hu_of(key)
-            return {name: ct.apply_window(volume, name) for name in names}
+            return ct.apply_windows(hu_of(key), names)
 
         def check(arrays: dict[str, np.ndarray]) -> dict[str, tuple[bool, dict]]:
             bad = {}

@@ -7,7 +7,9 @@ Arrays are (z, y, x) and spacings are (z, y, x) in millimetres everywhere in zar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -115,7 +117,11 @@ def normalise(x: np.ndarray, lo: float, hi: float, out_lo: float = 0.0, out_hi: 
     )
 
 
-_WINDOW_BLOCK = 1 << 18  # voxels per block: keeps temporaries in cache (~1 MiB of float32)
+# Voxels per block: temporaries stay in cache, and the float16 cast stays below torch's
+# grain size (32,768 elements), so it runs inline.  One more element and every block opens an
+# intra-op parallel region, whose barrier costs 30x the work on a busy machine (measured:
+# 1.7 s instead of 0.056 s a window while another process held the other core).
+_WINDOW_BLOCK = 1 << 15
 
 
 def apply_window(
@@ -149,6 +155,19 @@ def apply_window(
             np.rint(b, out=b)
         out_t[start : start + block.size] = torch.from_numpy(b)
     return out.reshape(np.shape(hu))
+
+
+def apply_windows(
+    hu: np.ndarray,
+    windows: Sequence[str],
+    dtype: Literal["float16", "uint8", "float32"] = "float16",
+) -> dict[str, np.ndarray]:
+    """:func:`apply_window` for each named window, side by side in threads (numpy and torch
+    release the GIL inside each block), at most one per core."""
+    workers = max(1, min(len(windows), os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers, thread_name_prefix="window") as pool:
+        windowed = pool.map(lambda w: apply_window(hu, w, dtype), windows)
+        return dict(zip(windows, windowed, strict=True))
 
 
 @dataclass(frozen=True)
