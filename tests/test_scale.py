@@ -41,6 +41,42 @@ def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
     }
 
 
+def test_the_walk_lists_folders_in_path_order_without_a_global_sort(tmp_path):
+    """Depth first over sorted subfolders is path order by components: ``a``, then all of
+    ``a/…``, then ``a-b`` (a plain string sort would put ``a-b`` before ``a/x``)."""
+    for folder in ["a/x/deep", "a-b", "a.c/y", "B", "a/w"]:
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "f.nii").touch()
+    tree = discover.walk_tree(tmp_path)
+    order = [p.relative_to(tmp_path).parts for p in tree]
+    assert order == sorted(order) and len(order) == 9
+    assert list(discover.walk_tree(tmp_path)) == list(tree)  # the cached listings too
+
+
+def test_the_metadata_csv_reads_as_dictreader_would(tmp_path):
+    """The fast reader gives DictReader's rows: quoted commas, short rows (None), blank
+    lines skipped, folders and suffixes off the key, the last of a repeated name."""
+    import csv
+    import io
+
+    text = (
+        "VolumeName,RescaleSlope,RescaleIntercept,Note\r\n"
+        "train_1_a_1.nii.gz,1,-1024,\"a, b\"\r\n"
+        "\r\n"
+        "sub/train_2_a_1.nii,1,-1024\r\n"
+        "train_3_a_1.nii.gz,2,-2048,x\r\n"
+        "train_3_a_1.nii.gz,1,-1024,y\r\n"
+    )
+    path = tmp_path / "train_metadata.csv"
+    path.write_text(text)
+    expected = {
+        discover.ct_stem(row["VolumeName"]): row for row in csv.DictReader(io.StringIO(text))
+    }
+    assert discover.read_ct_rate_metadata(tmp_path) == expected
+    assert list(expected) == ["train_1_a_1", "train_2_a_1", "train_3_a_1"]
+    assert expected["train_2_a_1"]["Note"] is None and expected["train_3_a_1"]["Note"] == "y"
+
+
 def test_an_unchanged_index_is_parsed_once_per_process(tmp_path, monkeypatch):
     backend = LocalBackend(tmp_path)
     catalog = RawCatalog(backend, "ct")

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Generic, NamedTuple, TypeVar
 
 from zarrfeed.errors import InputError, InvalidKeyError
@@ -47,12 +47,13 @@ SPIKE_CONFIG = "dataset.json"
 T = TypeVar("T")
 
 
-def ct_stem(path: Path) -> str:
-    name = path.name
+def ct_stem(path: PurePath | str) -> str:
+    """The file name without its CT suffix (``.nii.gz`` is one suffix)."""
+    name = path.name if isinstance(path, PurePath) else path.rsplit("/", 1)[-1]
     for suffix in CT_SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)]
-    return path.stem
+    return PurePosixPath(name).stem
 
 
 @dataclass(frozen=True)
@@ -128,14 +129,16 @@ def walk_tree(root: str | Path) -> dict[Path, list[str]]:
         if listing is None or listing.mtime != mtime or now - mtime <= _SETTLED_NS:
             listing = _Listing(mtime, *_list(folder), Path(folder))
         seen[folder] = listing
-        stack.extend(listing.folders)
+        stack.extend(reversed(listing.folders))  # sorted: popped smallest first
     _LISTINGS = seen  # folders gone since are forgotten
-    order = sorted(seen, key=lambda f: f.split(os.sep))
-    return {seen[f].path: seen[f].names for f in order}
+    return {listing.path: listing.names for listing in seen.values()}  # in path order
 
 
 def _list(folder: str) -> tuple[list[str], list[str]]:
-    """(subfolders, sorted file names) of one folder, hidden ones and symlinks left out."""
+    """(sorted subfolders, sorted file names) of one folder, hidden ones and symlinks left
+    out.  Subfolders share their parent's path, so sorting them as strings sorts them by
+    name, and a depth-first walk that takes them in this order visits the tree in path
+    order without sorting it whole."""
     folders, names = [], []
     with suppress(FileNotFoundError), os.scandir(folder) as entries:
         for entry in entries:
@@ -145,6 +148,7 @@ def _list(folder: str) -> tuple[list[str], list[str]]:
                 folders.append(entry.path)
             elif entry.is_file():
                 names.append(entry.name)
+    folders.sort()
     names.sort()
     return folders, names
 
@@ -272,13 +276,18 @@ def _metadata_rows(csv_path: Path) -> dict[str, dict[str, str]]:
         return _PARSED[csv_path][1]
     rows = {}
     with open(csv_path, newline="") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or "VolumeName" not in reader.fieldnames:
-            raise InputError(
-                csv_path, "a CT-RATE metadata CSV with VolumeName", str(reader.fieldnames)
-            )
-        for row in reader:
-            rows[ct_stem(Path(row["VolumeName"]))] = row
+        # csv.reader and zip, not DictReader: a third of the time for a 50,000-row CSV.
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header or "VolumeName" not in header:
+            raise InputError(csv_path, "a CT-RATE metadata CSV with VolumeName", str(header))
+        at, width = header.index("VolumeName"), len(header)
+        for values in reader:
+            if not values:
+                continue  # a blank line, as DictReader skips it
+            if len(values) < width:  # DictReader's missing values
+                values = values + [None] * (width - len(values))
+            rows[ct_stem(values[at])] = dict(zip(header, values, strict=False))
     _PARSED[csv_path] = (stamp, rows)
     return rows
 

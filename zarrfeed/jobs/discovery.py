@@ -13,6 +13,7 @@ import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import PARTITIONS
+from zarrfeed.bulk import gc_paused
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.store.contract import FAMILIES
@@ -34,60 +35,61 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
     def _discover(
         context: dg.SensorEvaluationContext, raw: RawFolderResource, zarr_store: ZarrStoreResource
     ) -> dg.SensorResult | dg.SkipReason:
-        catalog = zarr_store.catalog(family)
-        changes = catalog.update(raw.origin, raw.scan(family))
-        index = catalog.index()  # kept by update: no second read
-        known = set(context.instance.get_dynamic_partitions(partitions.name))
-        # Every catalogued key is a partition, also when an earlier tick died after updating
-        # the catalog; the nightly schedule builds whatever such a tick did not request.
-        new = sorted(set(index) - known)
-        added = dict.fromkeys(changes.new, "new raw item")
-        added.update(dict.fromkeys(changes.changed, "raw item changed"))
-        released = BuildQueue(zarr_store.store().backend, family).release(
-            context.instance, dict(sorted(added.items()))
-        )
-        requests = [
-            dg.RunRequest(
-                partition_key=k,
-                run_key=f"{family}:{k}:{_digest(index[k].stamp, why)}",
-                tags={"zarrfeed/reason": why},
+        with gc_paused():  # 50,000 catalog items and listings, none of them garbage
+            catalog = zarr_store.catalog(family)
+            changes = catalog.update(raw.origin, raw.scan(family))
+            index = catalog.index()  # kept by update: no second read
+            known = set(context.instance.get_dynamic_partitions(partitions.name))
+            # Every catalogued key is a partition, also when an earlier tick died after updating
+            # the catalog; the nightly schedule builds whatever such a tick did not request.
+            new = sorted(set(index) - known)
+            added = dict.fromkeys(changes.new, "new raw item")
+            added.update(dict.fromkeys(changes.changed, "raw item changed"))
+            released = BuildQueue(zarr_store.store().backend, family).release(
+                context.instance, dict(sorted(added.items()))
             )
-            for k, why in released
-            if k in index  # a queued item whose source has gone since
-        ]
-        gone = sorted(k for k in known - set(index))
-        events = [
-            dg.AssetObservation(
-                asset_key=raw_asset,
-                partition=k,
-                metadata={
-                    "source": "gone",
-                    "remove with": f"zarrfeed partitions remove {family} {k}",
-                },
-            )
-            for k in changes.gone
-        ]
-        if gone:
-            context.log.warning(
-                f"{len(gone)} {family} partitions have no raw source: {gone[:20]}; remove each "
-                f"with `zarrfeed partitions remove {family} KEY`"
-            )
-        if not (new or requests or events):
-            return dg.SkipReason(
-                f"no new, changed or queued {family} items among {changes.total} under "
-                f"{raw.root}"
-                + (
-                    f"; {len(gone)} partitions without a source ({', '.join(gone[:10])}): "
-                    f"`zarrfeed partitions remove {family} KEY`"
-                    if gone
-                    else ""
+            requests = [
+                dg.RunRequest(
+                    partition_key=k,
+                    run_key=f"{family}:{k}:{_digest(index[k].stamp, why)}",
+                    tags={"zarrfeed/reason": why},
                 )
+                for k, why in released
+                if k in index  # a queued item whose source has gone since
+            ]
+            gone = sorted(k for k in known - set(index))
+            events = [
+                dg.AssetObservation(
+                    asset_key=raw_asset,
+                    partition=k,
+                    metadata={
+                        "source": "gone",
+                        "remove with": f"zarrfeed partitions remove {family} {k}",
+                    },
+                )
+                for k in changes.gone
+            ]
+            if gone:
+                context.log.warning(
+                    f"{len(gone)} {family} partitions have no raw source: {gone[:20]}; remove each "
+                    f"with `zarrfeed partitions remove {family} KEY`"
+                )
+            if not (new or requests or events):
+                return dg.SkipReason(
+                    f"no new, changed or queued {family} items among {changes.total} under "
+                    f"{raw.root}"
+                    + (
+                        f"; {len(gone)} partitions without a source ({', '.join(gone[:10])}): "
+                        f"`zarrfeed partitions remove {family} KEY`"
+                        if gone
+                        else ""
+                    )
+                )
+            return dg.SensorResult(
+                run_requests=requests,
+                dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
+                asset_events=events,
             )
-        return dg.SensorResult(
-            run_requests=requests,
-            dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
-            asset_events=events,
-        )
 
     return _discover
 
@@ -102,8 +104,9 @@ def discover_into(
     """What a discovery tick does, done now: record the raw folder's items in the catalog and
     add their partitions (for the demo, the CLI and tests).  Returns every catalogued key."""
     catalog = zarr_store.catalog(family)
-    catalog.update(raw.origin, raw.scan(family))
-    keys = sorted(catalog.index())
+    with gc_paused():
+        catalog.update(raw.origin, raw.scan(family))
+        keys = sorted(catalog.index())
     name = PARTITIONS[family].name
     known = set(instance.get_dynamic_partitions(name))
     instance.add_dynamic_partitions(name, [k for k in keys if k not in known])

@@ -15,6 +15,7 @@ import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import PARTITIONS
+from zarrfeed.bulk import gc_paused
 from zarrfeed.jobs.queue import PER_TICK, BuildQueue
 from zarrfeed.resources import CTSettings, ImageSettings, SpikeSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawItem
@@ -83,8 +84,9 @@ def nightly_schedule(family: str, job) -> dg.ScheduleDefinition:
         settings = {"ct": ct_settings, "spike": spike_settings, "images": image_settings}[family]
         store = zarr_store.store()
         keys = list(context.instance.get_dynamic_partitions(partitions.name))
-        index = zarr_store.catalog(family).index()
-        reasons = out_of_date(declared, store, settings.values(), keys, index)
+        with gc_paused():  # records and catalog items of every partition, none garbage
+            index = zarr_store.catalog(family).index()
+            reasons = out_of_date(declared, store, settings.values(), keys, index)
         when = context.scheduled_execution_time.strftime("%Y-%m-%d")
         ordered = sorted(reasons.items())
         now, later = ordered[:PER_TICK], ordered[PER_TICK:]

@@ -16,10 +16,9 @@ every missing or stale partition again.
 
 from __future__ import annotations
 
-import json
-
 import dagster as dg
 
+from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.keys import check_asset
 
@@ -42,7 +41,7 @@ class BuildQueue:
 
     def load(self) -> dict[str, str]:
         try:
-            return json.loads(self.backend.read(self.path))
+            return jsonio.loads(self.backend.read(self.path))
         except FileNotFoundError:
             return {}
 
@@ -66,7 +65,7 @@ class BuildQueue:
         for key, _ in released:
             del waiting[key]
         if waiting != before:
-            self.backend.write_atomic(self.path, json.dumps(waiting).encode())
+            self.backend.write_atomic(self.path, jsonio.dumps(waiting))
         return released
 
     def in_flight(self, instance: dg.DagsterInstance) -> int:

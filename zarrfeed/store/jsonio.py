@@ -10,37 +10,23 @@ sizes, shapes, names, hashes and times, never a non-finite number, which orjson 
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from zarrfeed.bulk import gc_paused
+
 
 def loads(data: bytes | str) -> Any:
     """A JSON document; one holding ``NaN`` or ``Infinity`` is parsed by the standard library."""
-    with _no_gc():
+    # A manifest is millions of new dicts and lists, none of them garbage.
+    with gc_paused():
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             return json.loads(data)
-
-
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """Without the cyclic collector: a manifest is millions of new dicts and lists, none of
-    them garbage, and in a process that holds torch and Dagster every collection the parse
-    triggers walks all of it again (the 50,000-partition manifest parsed several times
-    slower with it on)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def dumps(obj: Any, default: Callable[[Any], Any] | None = None) -> bytes:
