@@ -61,7 +61,7 @@ def test_the_metadata_csv_reads_as_dictreader_would(tmp_path):
 
     text = (
         "VolumeName,RescaleSlope,RescaleIntercept,Note\r\n"
-        "train_1_a_1.nii.gz,1,-1024,\"a, b\"\r\n"
+        'train_1_a_1.nii.gz,1,-1024,"a, b"\r\n'
         "\r\n"
         "sub/train_2_a_1.nii,1,-1024\r\n"
         "train_3_a_1.nii.gz,2,-2048,x\r\n"

@@ -90,14 +90,18 @@ def patch_fractions(mask: np.ndarray, grid: PatchGrid) -> np.ndarray:
     """
     if tuple(mask.shape) != grid.shape:
         raise ValueError(f"mask shape {mask.shape} != grid shape {grid.shape}")
-    sums: np.ndarray = np.asarray(mask) != 0
+    sums: np.ndarray = (np.asarray(mask) != 0).view(np.uint8)
     lo_at, hi_at = [], []
     for axis, n in enumerate(mask.shape):
         pos = grid.positions(axis)
         ends = pos + grid.patch[axis]
         edges = np.unique(np.concatenate([[0], pos, ends]))
         starts = edges[edges < n]
-        sums = np.add.reduceat(sums, starts, axis=axis, dtype=np.int64)
+        # The full-size first pass adds uint8 in the narrowest type that holds a segment's
+        # count (2-3x faster than casting every voxel to int64); the rest are small.
+        longest = int(np.diff(np.append(starts, n)).max())
+        dtype = np.min_scalar_type(longest) if axis == 0 else np.int64
+        sums = np.add.reduceat(sums, starts, axis=axis, dtype=dtype).astype(np.int64, copy=False)
         lo_at.append(np.searchsorted(starts, pos))
         hi_at.append(np.searchsorted(starts, ends))  # an end at n: past the last segment
     sat = np.zeros(tuple(k + 1 for k in sums.shape), dtype=np.int64)
