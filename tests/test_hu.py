@@ -160,3 +160,23 @@ def test_large_volumes_are_sampled_not_aliased(chest):
         assert decision.evidence["data"]["hu"][name] == pytest.approx(
             small.evidence["data"]["hu"][name], abs=0.01
         )
+
+
+def test_the_sample_takes_one_voxel_per_run_whatever_the_memory_layout(chest):
+    """Stratified: sorted positions, one in each of EVIDENCE_VOXELS equal runs of the logical
+    (C-order) volume, so a transposed view samples exactly what its contiguous copy does."""
+    big = np.tile(chest, (8, 4, 4))
+    padding = big < -1500
+    view = big.transpose(2, 0, 1)
+    values, flags = hu._sample(view, padding.transpose(2, 0, 1))
+    copy_values, copy_flags = hu._sample(np.ascontiguousarray(view), None)
+    np.testing.assert_array_equal(values, copy_values)
+    assert copy_flags is None and flags.dtype == bool and values.size == hu.EVIDENCE_VOXELS
+    np.testing.assert_array_equal(flags, values < -1500)
+    # every run of the flat volume holds exactly one sample: ids (position // run) are 0..n-1
+    marked = np.arange(big.size, dtype=np.float64).reshape(big.shape)
+    positions, _ = hu._sample(marked, None)
+    run = big.size / hu.EVIDENCE_VOXELS
+    np.testing.assert_array_equal(
+        np.floor(positions / run).astype(np.int64), np.arange(hu.EVIDENCE_VOXELS)
+    )
