@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 
 def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
     """Fastest of ``repeat`` wall-clock runs, in seconds (the least disturbed by other load)."""
@@ -15,6 +17,22 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def touch_memory(gib: float) -> float:
+    """Write ``gib`` GiB once and free it; returns the seconds it took.
+
+    On a fresh VM the first write to a guest page costs about ten times a later one (the
+    hypervisor backs it then: ``shared/notes/limits.md``), and a process's new arrays get such
+    pages until the machine has used its memory once.  A side that runs first would pay that
+    and the other not; after this both sides allocate from pages already backed, as on a
+    node that has been running for a while.
+    """
+    t0 = time.perf_counter()
+    block = np.empty(int(gib * (1 << 30)), dtype=np.uint8)
+    block[::4096] = 1  # one write per page is enough to have it backed
+    del block
+    return time.perf_counter() - t0
 
 
 def bench(name: str, value: float, unit: str, text: str = "") -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import yaml
-from _bench import bench, ratio
+from _bench import bench, ratio, touch_memory
 
 from zarrfeed.assets import family_assets
 from zarrfeed.assets.build import Built, materialize_partitions
@@ -73,18 +73,16 @@ def naive_ct_branch(path: Path, slope: float, intercept: float, out: Path) -> No
     np.save(out / "patches.npy", np.array(keep, dtype=np.uint16))
 
 
-def ct_branch(work: Path, size: str) -> None:
-    raw = work / "raw"
-    path = next(make_ct_rate(raw / "ct-rate", 1, size, np.random.default_rng(0)))
-    key = path.name.removesuffix(".nii.gz")
-    claim = csv_rescale(read_ct_rate_metadata(raw).get(key))
-    slope, intercept = (claim.slope, claim.intercept) if claim else (1.0, 0.0)
+def build_ct_scan(work: Path, raw: Path, key: str) -> tuple[float, float, int]:
+    """One scan through the whole CT branch in a fresh instance and store: the run's wall
+    time, its asset bodies' time, and the bytes it stored."""
     resources = {
         **RESOURCES,
         "zarr_store": ZarrStoreResource(url=str(work / "store.zarr")),
         "raw": RawFolderResource(root=str(raw)),
         "ct_settings": CTSettings(),  # the defaults: CT-CLIP spacing, 3 windows, 64³ occupancy
     }
+    (work / "home").mkdir(parents=True)
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
         assert discover_into(instance, "ct", resources["raw"], resources["zarr_store"]) == [key]
         assets = family_assets("ct", resources)
@@ -94,19 +92,38 @@ def ct_branch(work: Path, size: str) -> None:
     body = sum(m.metadata["seconds"].value for m in result.get_asset_materialization_events()
                for m in [m.materialization] if "seconds" in m.metadata)  # fmt: skip
     assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
-    (work / "naive").mkdir()
-    t0 = time.perf_counter()
-    naive_ct_branch(path, slope, intercept, work / "naive")
-    base = time.perf_counter() - t0
     store = resources["zarr_store"].store()
     stored = sum(store.commit_record(a, key)["stored_bytes"]
                  for a in ("ct/hu", "ct/windows", "ct/sparse", "ct/patches"))  # fmt: skip
-    npy = sum(p.stat().st_size for p in (work / "naive").iterdir())
+    return ours, body, stored
+
+
+def ct_branch(work: Path, size: str, rounds: int = 2) -> None:
+    """Each side runs ``rounds`` times from scratch, alternating, and keeps its fastest run
+    (like every other figure here), on memory the VM has already backed (``touch_memory``)."""
+    raw = work / "raw"
+    path = next(make_ct_rate(raw / "ct-rate", 1, size, np.random.default_rng(0)))
+    key = path.name.removesuffix(".nii.gz")
+    claim = csv_rescale(read_ct_rate_metadata(raw).get(key))
+    slope, intercept = (claim.slope, claim.intercept) if claim else (1.0, 0.0)
+    touch_memory(6.0 if size == "full" else 1.0)  # above either side's peak (naive: 4 GB)
+    runs, naive = [], []
+    for i in range(rounds):
+        runs.append(build_ct_scan(work / f"ours{i}", raw, key))
+        (work / f"naive{i}").mkdir()
+        t0 = time.perf_counter()
+        naive_ct_branch(path, slope, intercept, work / f"naive{i}")
+        naive.append(time.perf_counter() - t0)
+    ours, _, stored = min(runs)
+    base = min(naive)
+    npy = sum(p.stat().st_size for p in (work / "naive0").iterdir())
     shape = CT_SHAPES[size]
-    text = f"{shape} scan, HU + 3 windows + sparse + patch index, incl. Dagster run and checks"
+    text = (f"{shape} scan, HU + 3 windows + sparse + patch index, incl. Dagster run and checks; "
+            f"best of {rounds} (zarrfeed {' '.join(f'{r[0]:.2f}' for r in runs)} s, "
+            f"naive {' '.join(f'{t:.1f}' for t in naive)} s)")  # fmt: skip
     ratio("build.ct_scan_vs_naive", ours, base, text)
     bench("build.ct_scan_seconds", ours, "s", f"{shape} scan, whole CT branch, 1 run")
-    ratio("build.ct_scan_compute_vs_naive", body, base,
+    ratio("build.ct_scan_compute_vs_naive", min(r[1] for r in runs), base,
           "asset-body compute + write only (no checks, no Dagster run)")  # fmt: skip
     bench(
         "build.ct_disk_ratio",
@@ -225,9 +242,8 @@ def main() -> None:
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp())
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "home").mkdir()
         (work / "home2").mkdir()
-        ct_branch(work, "small" if args.quick else "full")
+        ct_branch(work, "small" if args.quick else "full", rounds=1 if args.quick else 2)
         dagster_overhead(work, 20 if args.quick else 100)
         if not args.quick:  # two deployments: minutes, not a smoke run
             backfills(work)
