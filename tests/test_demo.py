@@ -133,3 +133,4 @@ def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo):
         assert "inspection_extra" in instance.get_dynamic_partitions("image_sets")
         meta = event.asset_materialization.metadata
         assert meta["trained_on"].value["partitions"] == 3  # the new set is in the manifest
+        assert meta["eval_iou"].value > 0.1  # the automated run trains with the task's defaults

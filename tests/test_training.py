@@ -119,7 +119,8 @@ def test_device_cache_cuts_the_loader_batches_and_trains_alike(built, tmp_path):
 
 
 def test_gradient_accumulation_and_checkpointing_run(built, tmp_path):
-    cfg = config(built, tmp_path, "defect_segmentation", steps=4, accumulate=3)
+    opts = {"steps": 4, "accumulate": 3, "batch_size": 4}  # not the task's own batch of 8
+    cfg = config(built, tmp_path, "defect_segmentation", **opts)
     cfg.train.grad_checkpointing = True
     result = train(cfg)
     assert result.step == 4 and result.history["samples"] == [12] * 4  # 3 batches of 4 per step
@@ -136,6 +137,27 @@ def test_sampler_shards_cover_each_epoch_and_resume_mid_epoch():
     assert second != shards[0]
     a.set_epoch(1, start=2)
     assert list(a) == second[2:] and len(a) == 3
+
+
+def test_a_task_s_own_defaults_lie_under_whatever_is_given():
+    """defect_segmentation learns nothing in the sections' 40 steps of 4: its defaults hold in
+    the CLI, in YAML and in the model asset's run config (an automated retrain uses them)."""
+    from zarrfeed.assets.training import model_assets
+
+    defect = TrainConfig(task="defect_segmentation").train
+    assert (defect.steps, defect.batch_size, defect.lr) == (100, 8, 0.003)
+    given = TrainConfig.model_validate({"task": "defect_segmentation", "train": {"steps": 5}})
+    assert (given.train.steps, given.train.batch_size) == (5, 8)
+    assert TrainConfig(task="ct_classifier").train.steps == TrainConfig().train.steps == 40
+    steps = {
+        a.key.to_user_string(): a.op.config_schema.config_type.fields["train"]
+        .config_type.fields["steps"]
+        .default_value
+        for a in model_assets
+    }
+    assert steps["defect_segmentation_model"] == 100 and steps["ct_classifier_model"] == 40
+    versions = {a.key.to_user_string(): a.code_versions_by_key[a.key] for a in model_assets}
+    assert versions["defect_segmentation_model"] != versions["ct_classifier_model"]  # its recipe
 
 
 def test_amp_policy():

@@ -11,6 +11,7 @@ model at a time per pool slot.
 """
 
 # No "from __future__ import annotations": Dagster reads the config annotation at runtime.
+import hashlib
 from typing import Any
 
 import dagster as dg
@@ -31,35 +32,36 @@ TRAINING_POOL = "zarrfeed_training"  # one training at a time unless its limit i
 FROM_ASSET = {"task", "store", "out", "run_name"}
 
 
-def dagster_config(model: type[pydantic.BaseModel], name: str) -> type[dg.Config]:
-    """``model`` as a Dagster ``Config`` class with the same fields, defaults and docs."""
+def dagster_config(defaults: pydantic.BaseModel, name: str) -> type[dg.Config]:
+    """A Dagster ``Config`` class with the fields and docs of ``defaults``' model and its
+    values as defaults (a task's own, see ``TASK_DEFAULTS``), so the launchpad shows and an
+    automated run uses what the task trains with."""
+    model = type(defaults)
     fields: dict[str, Any] = {}
     for field_name, info in model.model_fields.items():
         if model is TrainConfig and field_name in FROM_ASSET:
             continue
-        kind = info.annotation
-        if isinstance(kind, type) and issubclass(kind, pydantic.BaseModel):
-            section = dagster_config(kind, f"{name}{kind.__name__}")
+        kind, value = info.annotation, getattr(defaults, field_name)
+        if isinstance(value, pydantic.BaseModel):
+            section = dagster_config(value, f"{name}{type(value).__name__}")
             fields[field_name] = (section, FieldInfo(default_factory=section))
         else:
-            fields[field_name] = (
-                kind,
-                FieldInfo(default=info.default, description=info.description),
-            )
+            fields[field_name] = (kind, FieldInfo(default=value, description=info.description))
     return pydantic.create_model(name, __base__=dg.Config, __doc__=model.__doc__, **fields)
-
-
-TrainRunConfig = dagster_config(TrainConfig, "TrainRun")
 
 
 def model_asset(task: str) -> dg.AssetsDefinition:
     dataset = dg.AssetKey(f"{TASK_TYPES[task].family}_dataset")
+    defaults = TrainConfig(task=task)
+    run_config = dagster_config(defaults, f"TrainRun_{task}")
+    # A changed default recipe marks the model stale in the UI, like a changed trainer.
+    recipe = hashlib.sha256(defaults.model_dump_json(exclude=FROM_ASSET).encode()).hexdigest()
 
     @dg.asset(
         name=f"{task}_model",
         group_name="training",
         deps=[dataset],
-        code_version=TRAINER_VERSION,
+        code_version=f"{TRAINER_VERSION}.{recipe[:8]}",
         automation_condition=ON_NEW_DATA,
         kinds={"pytorch"},
         pool=TRAINING_POOL,
@@ -70,7 +72,7 @@ def model_asset(task: str) -> dg.AssetsDefinition:
     )
     def _model(
         context: dg.AssetExecutionContext,
-        config: TrainRunConfig,  # type: ignore[valid-type]
+        config: run_config,  # type: ignore[valid-type]
         zarr_store: ZarrStoreResource,
         models: ModelsResource,
         torchrun: TorchrunResource,
