@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,7 +146,7 @@ def test_a_crashed_writer_leaves_no_partition(tmp_path):
     assert versions(store, "scan_2") == [] and len(versions(store, "scan_1")) == 1
 
 
-CALLS = ("put_many", "write_atomic", "remove", "remove_tree")
+CALLS = ("put_many", "persist", "write_atomic", "remove", "remove_tree")
 
 
 def trace_commit(store, value, cls=LocalBackend):
@@ -193,11 +194,35 @@ def die_at(cls, index: int, after: bool) -> None:
         setattr(cls, name, dying(name))
 
 
+def test_every_file_and_folder_of_a_version_is_on_disk_before_its_record(tmp_path, monkeypatch):
+    """A power loss after the commit must not keep the record and lose a chunk file (which
+    would read as fill values): every file and folder of the version is fsynced first."""
+    synced, order = set(), []
+    fsync, replace = os.fsync, os.replace
+
+    def spy_fsync(fd):
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        return fsync(fd)
+
+    def spy_replace(src, dst):
+        order.append((str(dst), set(synced)))
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy_replace)
+    store = ZarrStore(tmp_path / "s.zarr")
+    write(store, "scan_1", 0.5)
+    version = Path(store.version_path("ct/windows", "scan_1"))
+    on_disk = {str(p) for p in version.rglob("*")} | {str(version), str(version.parent)}
+    before = next(seen for dst, seen in order if dst.endswith("scan_1.json"))
+    assert len(on_disk) > 6 and on_disk <= before
+
+
 def test_a_commit_killed_at_any_step_leaves_the_old_or_the_new_version_whole(tmp_path):
     store = ZarrStore(tmp_path / "s.zarr")
     write(store, "scan_1", 0.5)
     steps = trace_commit(ZarrStore(tmp_path / "probe.zarr"), 0.25)
-    assert "write_atomic" in steps and steps.count("put_many") >= 2
+    assert steps.count("put_many") >= 2 and steps.index("persist") < steps.index("write_atomic")
     outcomes = set()
     for index in range(len(steps)):
         for after in (False, True):

@@ -120,6 +120,11 @@ class Backend:
         """Bytes stored under ``path``."""
         raise NotImplementedError
 
+    def persist(self, path: str) -> None:
+        """Make everything under ``path`` survive a power loss before a commit names it.
+
+        Nothing to do where a write is durable once acknowledged (object stores)."""
+
     def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
         raise NotImplementedError
 
@@ -159,8 +164,9 @@ class LocalBackend(Backend):
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())  # the record must not point at data the disk lost
+                os.fsync(f.fileno())
             os.replace(tmp, path)
+            _fsync(os.path.dirname(path))  # the rename itself
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -210,8 +216,29 @@ class LocalBackend(Backend):
                     total += os.stat(os.path.join(folder, name)).st_size
         return total
 
+    def persist(self, path: str) -> None:
+        """fsync every file, then every folder bottom-up, under ``path`` (threads: the
+        kernel writes them out side by side).  Without it a power loss could keep the commit
+        record and lose a chunk file the record counts on, which would read as fill values."""
+        files, folders = [], []
+        for folder, _, names in os.walk(path):
+            folders.append(folder)
+            files.extend(os.path.join(folder, n) for n in names)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(_fsync, files))
+            list(pool.map(_fsync, reversed(folders)))
+        _fsync(os.path.dirname(path))  # the version folder's own entry
+
     def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
         return LocalStore(path, read_only=read_only)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _named(operation: str) -> Callable[[Callable[..., T]], Callable[..., T]]:

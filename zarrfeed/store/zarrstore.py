@@ -232,6 +232,7 @@ class ZarrStore:
         folder = f"{self.path(asset, key)}/{version}"
         try:
             self._ensure_groups(asset, key)
+            self.backend.persist(folder)  # the data is durable before the record names it
             previous = self._committed_version(asset, key)
         except BaseException:
             self._discard(folder)
