@@ -12,12 +12,15 @@ import dagster as dg
 import numpy as np
 import pytest
 from graph import build, checks, failure
+from huggingface_hub import constants
 from mockhub import MockHub
 
 from zarrfeed.assets.datasets import ct_dataset
 from zarrfeed.assets.hub import hub_ct_catalog
 from zarrfeed.assets.partitions import ct_scans
+from zarrfeed.assets.raw import resolve
 from zarrfeed.definitions import RESOURCES
+from zarrfeed.errors import InputError
 from zarrfeed.formats.discover import read_ct_rate_labels
 from zarrfeed.resources import (
     CTSettings,
@@ -26,6 +29,9 @@ from zarrfeed.resources import (
     ZarrStoreResource,
 )
 from zarrfeed.sources import CTRateHub, HubError
+from zarrfeed.sources.catalog import RawCatalog
+from zarrfeed.sources.raw import hub_items, hub_origin
+from zarrfeed.store import ZarrStore
 
 REPO = "ibrahimhamamci/CT-RATE"
 TOKEN = "hf_testsecret_DO_NOT_LEAK_4242"
@@ -55,6 +61,30 @@ def test_listing_is_paginated_pinned_and_capped(hub):
     assert v.path == "dataset/train_fixed/train_1/train_1_a/train_1_a_2.nii.gz"
     assert v.size == (repo / v.path).stat().st_size and v.sha256 == server.sha256(v.path)
     assert sorted(client(server, tmp_path, max_scans=2).volumes()[1]) == TRAIN[:2]
+
+
+def test_two_hub_paths_with_one_key_fail_that_partition_naming_both(hub, monkeypatch):
+    server, repo, tmp_path = hub
+    folder = repo / "dataset/train_fixed/train_1/train_1_a"
+    shutil.copy(folder / "train_1_a_2.nii.gz", folder / "train 1_a_2.nii.gz")  # same key
+    h = client(server, tmp_path)
+    sha, volumes = h.volumes()
+    assert sorted(volumes) == TRAIN  # one entry for the key, naming the other path
+    twin = volumes["train_1_a_2"]
+    assert {twin.path, *twin.conflict} == {
+        f"dataset/train_fixed/train_1/train_1_a/{n}"
+        for n in ("train_1_a_2.nii.gz", "train 1_a_2.nii.gz")
+    }
+    catalog = RawCatalog(ZarrStore(tmp_path / "store.zarr").backend, "ct")
+    changes = catalog.update(hub_origin(h), hub_items(h, sha, volumes, {}))
+    assert changes.conflicts == ["train_1_a_2"]
+    for key in ("train_1_a_1", "train_2_a_1"):
+        assert resolve(catalog, key).location.endswith(f"{key}.nii.gz")
+    with pytest.raises(InputError) as err:
+        resolve(catalog, "train_1_a_2")
+    assert "train_1_a_2.nii.gz" in str(err.value) and "train 1_a_2.nii.gz" in str(err.value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the saved listing keeps it
+    assert client(server, tmp_path).volumes()[1]["train_1_a_2"].conflict == twin.conflict
 
 
 def test_cut_download_resumes_with_a_range_request(hub, monkeypatch):

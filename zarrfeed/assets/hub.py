@@ -54,6 +54,8 @@ def hub_ct_catalog(
         hub_origin(hub), hub_items(hub, sha, volumes, metadata)
     )
     keys = sorted(volumes)
+    for key in changes.conflicts:  # their partitions fail naming every path
+        context.log.warning(f"partition {key}: two sources give it one key (see its raw item)")
     known = set(context.instance.get_dynamic_partitions(ct_scans.name))
     context.instance.add_dynamic_partitions(ct_scans.name, [k for k in keys if k not in known])
     names, rows = read_ct_rate_labels(tables["labels"].parent) if tables["labels"] else ([], {})
@@ -88,6 +90,7 @@ def hub_ct_catalog(
             "volumes": len(keys),
             "new": len(changes.new),
             "changed": len(changes.changed),
+            "conflicts": len(changes.conflicts),
             "bytes_to_download": sum(v.size for v in volumes.values()),
             "labelled": sum(k in rows for k in keys),
             "with_report": sum(bool(t) for t in text),

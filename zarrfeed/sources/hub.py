@@ -16,7 +16,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx2  # huggingface_hub 2.x transport: its network errors
@@ -55,6 +56,18 @@ class HubVolume:
     path: str  # path in the repository
     size: int
     sha256: str | None  # LFS content hash, when the hub gives one
+    conflict: tuple[str, ...] = ()  # other paths whose names give the same key
+
+
+def by_key(volumes: Iterable[HubVolume]) -> dict[str, HubVolume]:
+    """Key → volume.  Paths whose names give one key are one entry naming the others, so
+    that partition fails naming them all (``assets.raw.resolve``); none is dropped."""
+    found: dict[str, HubVolume] = {}
+    for v in sorted(volumes, key=lambda v: v.path):
+        first = found.setdefault(v.key, v)
+        if first is not v:
+            found[v.key] = replace(first, conflict=(*first.conflict, v.path))
+    return found
 
 
 class CTRateHub:
@@ -166,13 +179,16 @@ class CTRateHub:
             )
 
         entries = self._retry(f"listing {folder}", walk)
-        found: dict[str, HubVolume] = {}
-        for e in entries:
-            if getattr(e, "size", None) is None or not e.path.endswith((".nii.gz", ".nii")):
-                continue
-            key = sanitise_key(ct_stem(Path(e.path)))
-            lfs = getattr(e, "lfs", None)
-            found[key] = HubVolume(key, e.path, int(e.size), getattr(lfs, "sha256", None))
+        found = by_key(
+            HubVolume(
+                sanitise_key(ct_stem(Path(e.path))),
+                e.path,
+                int(e.size),
+                getattr(getattr(e, "lfs", None), "sha256", None),
+            )
+            for e in entries
+            if getattr(e, "size", None) is not None and e.path.endswith((".nii.gz", ".nii"))
+        )
         listing = self._listings / sha / f"{self.split}.json"
         listing.parent.mkdir(parents=True, exist_ok=True)
         listing.write_text(json.dumps([asdict(v) for v in found.values()]))
@@ -184,7 +200,11 @@ class CTRateHub:
             sha = ref.read_text().strip()
             listing = self._listings / sha / f"{self.split}.json"
             if listing.exists():
-                return sha, {v["key"]: HubVolume(**v) for v in json.loads(listing.read_text())}
+                saved = json.loads(listing.read_text())
+                return sha, {
+                    v["key"]: HubVolume(**{**v, "conflict": tuple(v.get("conflict", ()))})
+                    for v in saved
+                }
         # No saved listing: whatever volumes the hub cache holds for the revision.
         repo = self.cache_dir / f"datasets--{self.repo_id.replace('/', '--')}"
         sha_file = repo / "refs" / self.revision
@@ -195,10 +215,10 @@ class CTRateHub:
             )
         sha = sha_file.read_text().strip()
         snap = repo / "snapshots" / sha
-        found = {}
-        for p in sorted((snap / f"dataset/{self.split}_fixed").rglob("*.nii*")):
-            key = sanitise_key(ct_stem(p))
-            found[key] = HubVolume(key, str(p.relative_to(snap)), p.stat().st_size, None)
+        found = by_key(
+            HubVolume(sanitise_key(ct_stem(p)), str(p.relative_to(snap)), p.stat().st_size, None)
+            for p in (snap / f"dataset/{self.split}_fixed").rglob("*.nii*")
+        )
         return sha, found
 
     # files ---------------------------------------------------------------------------------

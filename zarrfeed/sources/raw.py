@@ -151,6 +151,7 @@ def hub_items(
             0.0,
             evidence,
             {"repo": hub.repo_id, "commit": commit, "path": v.path},
+            conflict=tuple(f"{HF_PREFIX}{hub.repo_id}@{commit}/{path}" for path in v.conflict),
         )
         out[key] = RawItem(
             **{
