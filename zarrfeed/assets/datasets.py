@@ -44,7 +44,7 @@ def ct_labels(store: ZarrStore, raw: RawFolderResource, keys: list[str]) -> dict
     unknown = [UNKNOWN_LABEL] * len(names)
     table = np.array([rows.get(k, unknown) for k in keys], dtype=np.uint8)
     attrs = {"names": names, "keys": keys, "unknown": UNKNOWN_LABEL}
-    with store.write_partition("datasets/ct", "labels", attrs) as w:
+    with store.write_partition(DATASETS["ct"].path, "labels", attrs) as w:
         w.write("labels", table.reshape(len(keys), len(names)), read="whole")
     digest = hashlib.sha256(table.tobytes() + json.dumps(names).encode()).hexdigest()
     return {"labelled": sum(k in rows for k in keys), "labels_sha256": digest[:16]}

@@ -445,23 +445,6 @@ class ZarrStore:
         """All of array ``name`` of a committed partition, decoded in threads."""
         return self.chunked(asset, key, name, version).read()
 
-    def outdated(
-        self, asset: str, key: str, code_version: str, source_mtime: float | None = None
-    ) -> str | None:
-        """Why partition ``key`` of ``asset`` needs a rebuild, or None when it is current.
-
-        Missing, built by another code version, or older than its source's last change: the
-        cheap tests a nightly schedule can afford for every partition (no hashing).
-        """
-        if not self.has_partition(asset, key):
-            return "missing"
-        record = self.commit_record(asset, key)
-        if record["attrs"].get("code_version") != code_version:
-            return f"code version {record['attrs'].get('code_version')} → {code_version}"
-        if source_mtime is not None and source_mtime > record.get("committed_unix", 0):
-            return "source changed after the last build"
-        return None
-
     # manifests ---------------------------------------------------------------------------
     def build_manifest(
         self, asset: str, keys: list[str] | None = None, **extra: Any

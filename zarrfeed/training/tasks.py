@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.errors import StoreError
+from zarrfeed.store.contract import SPIKE_VOXELS
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data import (
     CTPatchDataset,
@@ -161,7 +162,7 @@ class SpikeDeblurring(Task):
             cache_gb=d.cache_gb,
             seed=self.config.seed,
         )
-        attrs = ds.store.commit_record("spike/voxels", ds.keys[0])["attrs"]
+        attrs = ds.store.commit_record(SPIKE_VOXELS.path, ds.keys[0])["attrs"]
         frames, bins = attrs["frames"], attrs["params"]["bins"]
         self.voxel_scale = float(math.ceil(frames / bins))  # max count per bin
         return ds

@@ -12,6 +12,7 @@ from torch.utils.data import default_collate, get_worker_info
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.chunkio import usable_threads
+from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
 from zarrfeed.training.data.base import StoreDataset, collate_batch
 from zarrfeed.transforms.sparse import sample_points
 
@@ -29,7 +30,7 @@ class CTPatchDataset(StoreDataset):
     float32 0/1 (NaN where a scan has no label row).
     """
 
-    dataset, asset = "ct", "ct/windows"
+    dataset, asset = CT_DATASET.name, CT_WINDOWS.path
     collate = staticmethod(collate_batch)
 
     def __init__(
@@ -52,20 +53,20 @@ class CTPatchDataset(StoreDataset):
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
-            table = self.store.open_partition("datasets/ct", "patches")
+            table = self.store.open_partition(CT_DATASET.path, "patches")
             offsets = table["offsets"][...]
             self.items = np.repeat(self.items, np.diff(offsets))
             self.origins = table["origins"][...]
-            record = self.store.commit_record("ct/patches", self.keys[0])["attrs"]
+            record = self.store.commit_record(CT_PATCHES.path, self.keys[0])["attrs"]
             self.patch_shape = tuple(record["patch_shape"])
 
     def cached_names(self) -> list[str]:
         return [self.window]
 
     def _labels(self) -> tuple[np.ndarray | None, list[str]]:
-        if not self.store.has_partition("datasets/ct", "labels"):
+        if not self.store.has_partition(CT_DATASET.path, "labels"):
             return None, []
-        group = self.store.open_partition("datasets/ct", "labels")
+        group = self.store.open_partition(CT_DATASET.path, "labels")
         table = group["labels"][...].astype(np.float32)
         table[table == group.attrs["unknown"]] = np.nan
         return table, list(group.attrs["names"])
@@ -163,7 +164,7 @@ class SparsePointsDataset(StoreDataset):
     the manifest's shapes, without reading them).  Use :func:`collate_points` for batches.
     """
 
-    dataset, asset = "ct", "ct/sparse"
+    dataset, asset = CT_DATASET.name, CT_SPARSE.path
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.contract import IMAGE_DATASET, IMAGE_PATCHES, IMAGE_STORE
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms.defects import random_defects, render_defects
 
@@ -21,18 +22,18 @@ class ImagePatchDataset(StoreDataset):
     references too, so a defect is real exactly when the references lack it — what a model
     can learn, and what the mask marks."""
 
-    dataset, asset = "image", "images/images"
+    dataset, asset = IMAGE_DATASET.name, IMAGE_STORE.path
 
     def __init__(
         self, store: str | ZarrStore, defects: bool = True, cache_gb: float = 1.0, seed: int = 0
     ) -> None:
         super().__init__(store, cache_gb, seed)
         self.defects = defects
-        table = self.store.open_partition("datasets/image", "patches")
+        table = self.store.open_partition(IMAGE_DATASET.path, "patches")
         offsets = table["offsets"][...]
         self.sets = np.repeat(np.arange(len(self.keys), dtype=np.uint32), np.diff(offsets))
         self.images, self.origins = table["items"][...], table["origins"][...]
-        attrs = self.store.commit_record("images/patches", self.keys[0])["attrs"]
+        attrs = self.store.commit_record(IMAGE_PATCHES.path, self.keys[0])["attrs"]
         self.patch_shape = tuple(attrs["patch_shape"])
 
     def cached_names(self) -> list[str]:

@@ -11,6 +11,7 @@ import torch
 
 from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.contract import SPIKE_DATASET, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms import spike as sp
 
@@ -24,7 +25,7 @@ class SpikeClipDataset(StoreDataset):
     no voxel store on disk.  Only the crop is read from the cache.
     """
 
-    dataset, asset = "spike", "spike/frames"
+    dataset, asset = SPIKE_DATASET.name, SPIKE_FRAMES.path
 
     def __init__(
         self,
@@ -45,11 +46,11 @@ class SpikeClipDataset(StoreDataset):
         self.starts = (
             np.arange(len(self.items)) - np.repeat(np.cumsum(clips) - clips, clips)
         ).astype(np.uint32)
-        self.voxel_partitions = self.manifest_assets["spike/voxels"]["partitions"]
+        self.voxel_partitions = self.manifest_assets[SPIKE_VOXELS.path]["partitions"]
         self.voxel_shapes = [tuple(p["arrays"]["voxels"]["shape"]) for p in self.voxel_partitions]
         if voxels == "realtime":
             self.sources_raw = [
-                self.store.commit_record("spike/voxels", k)["attrs"] for k in self.keys
+                self.store.commit_record(SPIKE_VOXELS.path, k)["attrs"] for k in self.keys
             ]
 
     def cached_names(self) -> list[str]:
@@ -58,7 +59,7 @@ class SpikeClipDataset(StoreDataset):
     def sources(self) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         found = super().sources()
         if self.voxel_mode == "stored":
-            found["spike/voxels"] = (self.voxel_partitions, ["voxels"])
+            found[SPIKE_VOXELS.path] = (self.voxel_partitions, ["voxels"])
         return found
 
     def __len__(self) -> int:
@@ -67,7 +68,7 @@ class SpikeClipDataset(StoreDataset):
     def _voxels(self, item: int, start: int, y: slice, x: slice) -> np.ndarray:
         clip = slice(start, start + self.clip_len)
         if self.voxel_mode == "stored":
-            return self.cache.read("spike/voxels", item, "voxels", (clip, slice(None), y, x))
+            return self.cache.read(SPIKE_VOXELS.path, item, "voxels", (clip, slice(None), y, x))
         p = self.sources_raw[item]  # the voxels' provenance: how the raw stream was binned
         _, bins, h, w = self.voxel_shapes[item]
         folder = Path(p["source"]) / p["spike_folder"]
