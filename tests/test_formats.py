@@ -190,6 +190,40 @@ def test_real_padded_series_fills_padding_before_resampling(tmp_path):
     assert filled.min() >= -1024
 
 
+@pytest.mark.parametrize(
+    "syntax", ["JPEGLosslessProcess14_1", "JPEGLSLossless", "JPEG2000Lossless", "RLELossless"]
+)
+def test_compressed_series_read_as_their_uncompressed_slices(tmp_path, syntax):
+    """Real 693_UNCR slices recompressed by GDCM into the lossless syntaxes PACS archives
+    send: the same voxels and the same padding as uncompressed."""
+    import gdcm
+
+    src = pydicom.dcmread(pydicom_data("693_UNCR.dcm"))
+    z0 = float(src.ImagePositionPatient[2])
+    (tmp_path / "plain").mkdir()
+    (tmp_path / syntax).mkdir()
+    for i in range(3):
+        src.ImagePositionPatient = [*src.ImagePositionPatient[:2], z0 + 5 * i]
+        src.SOPInstanceUID = f"{src.SOPInstanceUID}.{i}"
+        src.save_as(tmp_path / "plain" / f"s{i}", enforce_file_format=True)
+        reader = gdcm.ImageReader()
+        reader.SetFileName(str(tmp_path / "plain" / f"s{i}"))
+        assert reader.Read()
+        change = gdcm.ImageChangeTransferSyntax()
+        change.SetTransferSyntax(gdcm.TransferSyntax(getattr(gdcm.TransferSyntax, syntax)))
+        change.SetInput(reader.GetImage())
+        assert change.Change()
+        writer = gdcm.ImageWriter()
+        writer.SetFileName(str(tmp_path / syntax / f"s{i}"))
+        writer.SetFile(reader.GetFile())
+        writer.SetImage(change.GetOutput())
+        assert writer.Write()
+    assert pydicom.dcmread(tmp_path / syntax / "s0").file_meta.TransferSyntaxUID.is_compressed
+    plain, packed = read_dicom_series(tmp_path / "plain"), read_dicom_series(tmp_path / syntax)
+    np.testing.assert_array_equal(packed.data, plain.data)
+    np.testing.assert_array_equal(packed.padding, plain.padding)
+
+
 def copy_series(src: Path, dst: Path, edit=None, suffix: str = "") -> list[Path]:
     """CT5N's slices copied (optionally edited per slice index) into ``dst``."""
     dst.mkdir(parents=True, exist_ok=True)
