@@ -83,6 +83,22 @@ def test_beyond_ram_reads_equal_the_store_and_decode_only_what_patches_touch(ct_
     np.testing.assert_array_equal(whole, values(whole.shape, 3))
 
 
+def test_an_array_larger_than_the_whole_budget_is_read_by_units(tmp_path):
+    """One volume of 32 units through a 16-slot arena: patches and the whole array are
+    exact, and the arena never grows past its budget."""
+    store = build_ct(tmp_path / "store.zarr", n=1, shape=(128, 256, 256), per=64)
+    budget = unit_budget_gb(16)
+    ds = CTPatchDataset(store, cache_gb=budget)
+    arena = ds.cache.arena
+    assert not ds.cache.in_ram and arena.slots == 16 and ds.nbytes() == 2 * arena.capacity_bytes
+    for epoch in range(2):  # the second pass reads through slots the first one filled
+        for i in np.random.default_rng(epoch).permutation(len(ds)):
+            np.testing.assert_array_equal(ds[int(i)]["image"][0].numpy(), expected(ds, int(i)))
+    whole = ds.array(0, "lung")
+    np.testing.assert_array_equal(whole, values((128, 256, 256), 0))
+    assert arena.file_bytes <= budget * (1 << 30) and ds.cache.stats()["evictions"] > 0
+
+
 def test_rebuilt_partition_is_read_anew_and_its_old_version_fails_loudly(tmp_path):
     store = build_ct(tmp_path / "store.zarr", n=3, shape=(64, 64, 64))
     for gb in (1.0, unit_budget_gb(16)):  # in RAM, then out of core (16 slots, 3 units)
