@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from services import remove_orphaned_semaphores, semaphores
 
 from zarrfeed.samples import make_sample_data
 from zarrfeed.store import ZarrStore
@@ -26,7 +28,6 @@ def package_dir(name: str) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def cache_root():
     """Shared caches made by the tests live in one folder removed at the end (tmpfs is RAM)."""
-    import os
     import tempfile
 
     root = tempfile.mkdtemp(
@@ -40,6 +41,15 @@ def cache_root():
     else:
         os.environ["ZARRFEED_CACHE_ROOT"] = old
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def orphaned_semaphores():
+    """Tests that lose a machine on purpose SIGKILL whole process groups: the named
+    semaphores they orphan go at the end of the session (only those)."""
+    before = semaphores()
+    yield
+    remove_orphaned_semaphores(before)
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +110,6 @@ def built(tmp_path_factory, sample_dir):
 def demo(tmp_path_factory):
     """``zarrfeed sample-data --with-faults`` then ``zarrfeed demo``, once per session in a
     fresh folder: (folder, env pointing at what it made, the demo's completed process)."""
-    import os
-
     tmp = tmp_path_factory.mktemp("demo")
     home, store, raw = tmp / "home", tmp / "store.zarr", tmp / "raw"
     env = {**os.environ, "DAGSTER_HOME": str(home), "ZARRFEED_RAW": str(raw),

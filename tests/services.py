@@ -10,6 +10,7 @@ product, so they fail rather than skip.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import random
@@ -51,6 +52,30 @@ START = {
     "--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log",
 }
 LOCATION = "zarrfeed"
+
+
+def semaphores() -> set[str]:
+    """The named semaphores of multiprocessing's spawn and forkserver contexts now."""
+    return set(glob.glob("/dev/shm/sem.mp-*"))
+
+
+def remove_orphaned_semaphores(before: set[str]) -> None:
+    """Remove the named semaphores made since ``before`` that no live process maps.
+
+    A process group stopped by signal can take its multiprocessing resource tracker with it,
+    and the tracker is what unlinks the semaphores of its spawn and forkserver queues and
+    events (a machine that is shut down loses its tmpfs with them).  One that no process
+    maps can never be used again."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        mapped.update(line.split(None, 5)[-1] for line in lines if "/dev/shm/sem." in line)
+    for path in semaphores() - before - mapped:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class ServiceDown(RuntimeError):
@@ -175,6 +200,7 @@ class Deployment:
             )
         )
         self.procs: dict[str, subprocess.Popen] = {}
+        self.semaphores = semaphores()
 
     # -- processes ------------------------------------------------------------------------
 
@@ -233,8 +259,10 @@ class Deployment:
             proc.wait(10)
 
     def stop(self) -> None:
+        """Stop every process, as a machine shutting down (its tmpfs leftovers go too)."""
         for name in reversed(list(self.procs)):
             self.kill(name, signal.SIGTERM)
+        remove_orphaned_semaphores(self.semaphores)
 
     def log_tail(self, chars: int = 3000) -> str:
         return "\n".join(
