@@ -1,4 +1,4 @@
-"""The Dagster code location (``dagster dev -w workspace.yaml``), assembled here only."""
+"""The Dagster code location (``dg dev -w workspace.yaml``), assembled here only."""
 
 import os
 

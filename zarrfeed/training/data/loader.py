@@ -167,7 +167,9 @@ def plan_loader(
         small = 2 if dataset_len < 50 else 4 if dataset_len < 200 else None
         if small is not None and n > small:
             n = small
-            reasons.append(f"capped at {small}: small dataset ({dataset_len} samples; seed 000)")
+            reasons.append(
+                f"capped at {small}: small dataset ({dataset_len} samples: start-up would dominate)"
+            )
         if n > batches:
             n = batches
             reasons.append(f"capped at {batches}: one batch per worker at most")
