@@ -61,6 +61,8 @@ def test_listing_is_paginated_pinned_and_capped(hub):
     assert v.path == "dataset/train_fixed/train_1/train_1_a/train_1_a_2.nii.gz"
     assert v.size == (repo / v.path).stat().st_size and v.sha256 == server.sha256(v.path)
     assert sorted(client(server, tmp_path, max_scans=2).volumes()[1]) == TRAIN[:2]
+    # The commit's listing was saved: the next run resolves the revision and lists nothing.
+    assert len([r for r in server.requests if "/tree/" in r["path"]]) == len(trees)
 
 
 def test_two_hub_paths_with_one_key_fail_that_partition_naming_both(hub, monkeypatch):

@@ -164,7 +164,9 @@ class CTRateHub:
             sha, found = self._offline_listing()
         else:
             sha = self.resolve()
-            found = self._online_listing(sha)
+            found = self._saved_listing(sha)
+            if found is None:
+                found = self._online_listing(sha)
         keys = sorted(found)[: self.max_scans] if self.max_scans else sorted(found)
         return sha, {k: found[k] for k in keys}
 
@@ -191,20 +193,28 @@ class CTRateHub:
         )
         listing = self._listings / sha / f"{self.split}.json"
         listing.parent.mkdir(parents=True, exist_ok=True)
-        listing.write_text(json.dumps([asdict(v) for v in found.values()]))
+        tmp = listing.with_name(f"{listing.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([asdict(v) for v in found.values()]))
+        tmp.replace(listing)  # whole or absent: a commit's listing is read instead of the hub
         return found
+
+    def _saved_listing(self, sha: str) -> dict[str, HubVolume] | None:
+        """The listing saved for commit ``sha`` (a commit's tree never changes), if any."""
+        try:
+            saved = json.loads((self._listings / sha / f"{self.split}.json").read_text())
+        except FileNotFoundError:
+            return None
+        return {
+            v["key"]: HubVolume(**{**v, "conflict": tuple(v.get("conflict", ()))}) for v in saved
+        }
 
     def _offline_listing(self) -> tuple[str, dict[str, HubVolume]]:
         ref = self._listings / "refs" / self.revision
         if ref.exists():
             sha = ref.read_text().strip()
-            listing = self._listings / sha / f"{self.split}.json"
-            if listing.exists():
-                saved = json.loads(listing.read_text())
-                return sha, {
-                    v["key"]: HubVolume(**{**v, "conflict": tuple(v.get("conflict", ()))})
-                    for v in saved
-                }
+            found = self._saved_listing(sha)
+            if found is not None:
+                return sha, found
         # No saved listing: whatever volumes the hub cache holds for the revision.
         repo = self.cache_dir / f"datasets--{self.repo_id.replace('/', '--')}"
         sha_file = repo / "refs" / self.revision
