@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from graph import build, checks, failure
 from huggingface_hub import constants
-from mockhub import MockHub
+from mockhub import SHA, MockHub
 
 from zarrfeed.assets.datasets import ct_dataset
 from zarrfeed.assets.hub import hub_ct_catalog
@@ -30,6 +30,7 @@ from zarrfeed.resources import (
 )
 from zarrfeed.sources import CTRateHub, HubError
 from zarrfeed.sources.catalog import RawCatalog
+from zarrfeed.sources.hub import LISTING_FORMAT
 from zarrfeed.sources.raw import hub_items, hub_origin
 from zarrfeed.store import ZarrStore
 
@@ -60,17 +61,30 @@ def test_listing_is_paginated_pinned_and_capped(hub):
     v = volumes["train_1_a_2"]
     assert v.path == "dataset/train_fixed/train_1/train_1_a/train_1_a_2.nii.gz"
     assert v.size == (repo / v.path).stat().st_size and v.sha256 == server.sha256(v.path)
+
+    def asked(part: str) -> int:
+        return sum(part in r["path"] for r in server.requests)
+
+    revisions = asked("/revision/")
     assert sorted(client(server, tmp_path, max_scans=2).volumes()[1]) == TRAIN[:2]
     # The commit's listing was saved: the next run resolves the revision and lists nothing.
-    assert len([r for r in server.requests if "/tree/" in r["path"]]) == len(trees)
+    assert asked("/revision/") == revisions + 1 and asked("/tree/") == len(trees)
 
 
 def test_two_hub_paths_with_one_key_fail_that_partition_naming_both(hub, monkeypatch):
     server, repo, tmp_path = hub
     folder = repo / "dataset/train_fixed/train_1/train_1_a"
     shutil.copy(folder / "train_1_a_2.nii.gz", folder / "train 1_a_2.nii.gz")  # same key
+    # What an older zarrfeed saved for this commit (the last path of a key, nothing else) is
+    # never trusted, nor is a listing cut short.
+    saved = tmp_path / "hf" / "zarrfeed-listings" / REPO.replace("/", "--") / SHA
+    saved.mkdir(parents=True)
+    (saved / "train.json").write_text(json.dumps([{"key": "train_1_a_2", "size": 1,
+        "path": f"{folder.relative_to(repo)}/train 1_a_2.nii.gz", "sha256": None}]))  # fmt: skip
+    (saved / f"train.v{LISTING_FORMAT}.json").write_text('[{"key": "train_1_a_2", "pa')
     h = client(server, tmp_path)
     sha, volumes = h.volumes()
+    assert sha == SHA
     assert sorted(volumes) == TRAIN  # one entry for the key, naming the other path
     twin = volumes["train_1_a_2"]
     assert {twin.path, *twin.conflict} == {

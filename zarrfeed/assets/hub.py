@@ -50,12 +50,13 @@ def hub_ct_catalog(
     sha, volumes = hub.volumes()
     tables = {kind: hub.table(kind, sha) for kind in ("metadata", "labels", "reports")}
     metadata = read_ct_rate_metadata(tables["metadata"].parent) if tables["metadata"] else {}
-    changes = zarr_store.catalog("ct").update(
-        hub_origin(hub), hub_items(hub, sha, volumes, metadata)
-    )
+    catalog = zarr_store.catalog("ct")
+    changes = catalog.update(hub_origin(hub), hub_items(hub, sha, volumes, metadata))
     keys = sorted(volumes)
     for key in changes.conflicts:  # their partitions fail naming every path
-        context.log.warning(f"partition {key}: two sources give it one key (see its raw item)")
+        item = catalog.get(key)
+        paths = [item.location, *item.conflict] if item else []
+        context.log.warning(f"partition {key}: one key for {', '.join(paths)}")
     known = set(context.instance.get_dynamic_partitions(ct_scans.name))
     context.instance.add_dynamic_partitions(ct_scans.name, [k for k in keys if k not in known])
     names, rows = read_ct_rate_labels(tables["labels"].parent) if tables["labels"] else ([], {})

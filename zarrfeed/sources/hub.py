@@ -3,7 +3,8 @@
 * The revision is resolved to a commit once per listing and every download is pinned to it,
   so a partition's provenance names the exact bytes.
 * Listing walks only the split's ``*_fixed`` folder with the paginated tree API and is saved
-  next to the hub cache, so discovery also works offline (``HF_HUB_OFFLINE=1``) from the last
+  per commit next to the hub cache: a commit's tree never changes, so the next listing of the
+  same commit reads it, and discovery also works offline (``HF_HUB_OFFLINE=1``) from the last
   listing, or from whatever files the cache holds.
 * Downloads go through ``hf_hub_download`` (size/ETag checks, in-call resume of a cut
   transfer with Range requests), retried with exponential back-off on network errors.
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,6 +39,9 @@ from zarrfeed.formats.discover import ct_stem
 from zarrfeed.store.keys import sanitise_key
 
 log = logging.getLogger(__name__)
+# Saved listings of another format are never read: those before 2 kept one of two paths that
+# give one key and dropped the other without a trace.
+LISTING_FORMAT = 2
 DEFAULT_REPO = "ibrahimhamamci/CT-RATE"
 TABLES = {  # CT-RATE's own names: "validation" for metadata and reports, "valid" for labels
     "metadata": "dataset/metadata/{long}_metadata.csv",
@@ -191,22 +196,30 @@ class CTRateHub:
             for e in entries
             if getattr(e, "size", None) is not None and e.path.endswith((".nii.gz", ".nii"))
         )
-        listing = self._listings / sha / f"{self.split}.json"
+        listing = self._listing_path(sha)
         listing.parent.mkdir(parents=True, exist_ok=True)
-        tmp = listing.with_name(f"{listing.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps([asdict(v) for v in found.values()]))
-        tmp.replace(listing)  # whole or absent: a commit's listing is read instead of the hub
+        tmp = listing.with_name(f"{listing.name}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps([asdict(v) for v in found.values()]))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(listing)  # whole or absent: it is read instead of the hub from now on
         return found
 
+    def _listing_path(self, sha: str) -> Path:
+        return self._listings / sha / f"{self.split}.v{LISTING_FORMAT}.json"
+
     def _saved_listing(self, sha: str) -> dict[str, HubVolume] | None:
-        """The listing saved for commit ``sha`` (a commit's tree never changes), if any."""
+        """The listing saved for commit ``sha``, if there is a readable one."""
+        path = self._listing_path(sha)
         try:
-            saved = json.loads((self._listings / sha / f"{self.split}.json").read_text())
+            saved = json.loads(path.read_text())
+            return {v["key"]: HubVolume(**{**v, "conflict": tuple(v["conflict"])}) for v in saved}
         except FileNotFoundError:
             return None
-        return {
-            v["key"]: HubVolume(**{**v, "conflict": tuple(v.get("conflict", ()))}) for v in saved
-        }
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning(f"ignoring the unreadable listing {path} ({exc!r}): listing again")
+            return None
 
     def _offline_listing(self) -> tuple[str, dict[str, HubVolume]]:
         ref = self._listings / "refs" / self.revision
