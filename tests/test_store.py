@@ -1,3 +1,4 @@
+import errno
 import json
 import os
 import subprocess
@@ -216,6 +217,21 @@ def test_every_file_and_folder_of_a_version_is_on_disk_before_its_record(tmp_pat
     on_disk = {str(p) for p in version.rglob("*")} | {str(version), str(version.parent)}
     before = next(seen for dst, seen in order if dst.endswith("scan_1.json"))
     assert len(on_disk) > 6 and on_disk <= before
+
+
+def test_a_write_back_error_fails_the_commit_naming_the_file(tmp_path, monkeypatch):
+    store = ZarrStore(tmp_path / "s.zarr")
+    write(store, "scan_1", 0.5)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match=r"fsync failed: No space left on device: .*s\.zarr/ct/"):
+        write(store, "scan_1", 0.25)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(store.open_array("ct/windows", "scan_1", "lung")[:], 0.5)
+    assert len(versions(store, "scan_1")) == 1  # the new version was discarded
 
 
 def test_a_commit_killed_at_any_step_leaves_the_old_or_the_new_version_whole(tmp_path):

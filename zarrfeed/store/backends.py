@@ -13,6 +13,7 @@ Paths passed in and returned are full backend paths (``/abs/root/...`` or ``buck
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import shutil
@@ -123,7 +124,7 @@ class Backend:
     def persist(self, path: str) -> None:
         """Make everything under ``path`` survive a power loss before a commit names it.
 
-        Nothing to do where a write is durable once acknowledged (object stores)."""
+        Nothing to do where a write is durable once acknowledged (S3, GCS)."""
 
     def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
         raise NotImplementedError
@@ -166,11 +167,11 @@ class LocalBackend(Backend):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync(os.path.dirname(path))  # the rename itself
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        _fsync(os.path.dirname(path))  # the rename itself (a failure here: written, not sure)
 
     def put_many(self, folder: str, objects: dict[str, bytes]) -> None:
         for key, data in objects.items():
@@ -220,8 +221,14 @@ class LocalBackend(Backend):
         """fsync every file, then every folder bottom-up, under ``path`` (threads: the
         kernel writes them out side by side).  Without it a power loss could keep the commit
         record and lose a chunk file the record counts on, which would read as fill values."""
+        if not os.path.isdir(path):
+            raise FileNotFoundError(errno.ENOENT, "no version folder to persist", path)
         files, folders = [], []
-        for folder, _, names in os.walk(path):
+
+        def unlisted(exc: OSError) -> None:
+            raise exc  # a folder not listed would go unsynced
+
+        for folder, _, names in os.walk(path, onerror=unlisted):
             folders.append(folder)
             files.extend(os.path.join(folder, n) for n in names)
         with ThreadPoolExecutor(8) as pool:
@@ -234,11 +241,19 @@ class LocalBackend(Backend):
 
 
 def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    """fsync a file or folder; an error names it (write-back errors such as ENOSPC or EIO
+    surface here).  Filesystems that cannot fsync a folder (EINVAL) are taken at their word,
+    as PostgreSQL does."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL and os.path.isdir(path):
+            return
+        raise OSError(exc.errno, f"fsync failed: {exc.strerror}", path) from exc
 
 
 def _named(operation: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
