@@ -64,18 +64,34 @@ def remove_orphaned_semaphores(before: set[str]) -> None:
 
     A process group stopped by signal can take its multiprocessing resource tracker with it,
     and the tracker is what unlinks the semaphores of its spawn and forkserver queues and
-    events (a machine that is shut down loses its tmpfs with them).  One that no process
-    maps can never be used again."""
+    events (a machine that is shut down loses its tmpfs with them).  Mappings are matched by
+    inode: glibc creates a semaphore under a temporary name, maps it, then links it to its
+    final name, so its creator's maps show the temporary name.  Only files of this user are
+    candidates; processes whose maps this user cannot read (another user's, the container's
+    init) are not ours to have made them.
+    """
+    candidates = {}
+    for path in semaphores() - before:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(path)
+            if st.st_uid == os.getuid():
+                candidates[path] = st.st_ino
+    if not candidates:
+        return
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             lines = maps.read_text().splitlines()
-        except OSError:  # the process ended, or is not ours to read
+        except OSError:  # ended, or not ours to read
             continue
-        mapped.update(line.split(None, 5)[-1] for line in lines if "/dev/shm/sem." in line)
-    for path in semaphores() - before - mapped:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        for line in lines:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                mapped.add(int(fields[4]))
+    for path, inode in candidates.items():
+        if inode not in mapped:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                os.unlink(path)
 
 
 class ServiceDown(RuntimeError):
