@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,6 +35,7 @@ from huggingface_hub.errors import (
 
 from zarrfeed.errors import ZarrfeedError
 from zarrfeed.formats.discover import ct_stem
+from zarrfeed.store.backends import LocalBackend
 from zarrfeed.store.keys import sanitise_key
 
 log = logging.getLogger(__name__)
@@ -196,14 +196,10 @@ class CTRateHub:
             for e in entries
             if getattr(e, "size", None) is not None and e.path.endswith((".nii.gz", ".nii"))
         )
-        listing = self._listing_path(sha)
-        listing.parent.mkdir(parents=True, exist_ok=True)
-        tmp = listing.with_name(f"{listing.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps([asdict(v) for v in found.values()]))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(listing)  # whole or absent: it is read instead of the hub from now on
+        # Whole or absent: it is read instead of the hub from now on.
+        LocalBackend(self._listings).write_atomic(
+            str(self._listing_path(sha)), json.dumps([asdict(v) for v in found.values()]).encode()
+        )
         return found
 
     def _listing_path(self, sha: str) -> Path:
