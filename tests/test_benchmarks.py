@@ -28,7 +28,8 @@ def test_transforms_benchmark_quick():
 
 @pytest.mark.slow
 def test_build_benchmark_quick():
-    assert {"build.ct_scan_vs_naive", "build.ct_scan_seconds", "build.dagster_overhead_s.single",
+    assert {"build.ct_scan_vs_naive", "build.ct_scan_seconds", "build.ct_dagster_fixed_s",
+            "build.ct_scan_cpu_s", "build.dagster_overhead_s.single",
             "build.dagster_overhead_s.batched"} <= bench_names("build.py")  # fmt: skip
 
 
