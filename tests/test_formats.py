@@ -1,7 +1,9 @@
 import importlib.util
 import json
+import zipfile
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
@@ -22,6 +24,7 @@ from zarrfeed.formats import (
     read_nifti_header,
     read_npy,
     read_npz,
+    write_dicom_series,
     write_image,
     write_nifti,
 )
@@ -37,24 +40,132 @@ def test_dicom_series_is_ordered_and_rescaled():
     assert vol.shape == (5, 16, 16)
     z = vol.meta["slice_positions_mm"]
     assert z == sorted(z) and vol.spacing[0] == pytest.approx(2.5, abs=1e-3)
-    assert not vol.meta["irregular_spacing"]
+    # Stored head-first supine: rows run to the left (L), columns to the back (P); zarrfeed's
+    # (z, y, x) is (S, A, R), as for NIfTI, so both in-plane axes are flipped.
+    assert (vol.meta["orientation_on_disk"], vol.meta["orientation"]) == ("LPS", "RAS")
     for i, f in enumerate(vol.meta["files"]):
         ds = pydicom.dcmread(f)
-        np.testing.assert_allclose(vol.data[i], apply_modality_lut(ds.pixel_array, ds))
+        np.testing.assert_allclose(vol.data[i], apply_modality_lut(ds.pixel_array, ds)[::-1, ::-1])
     assert -1100 < vol.data.min() < -800  # air in HU: the rescale was applied
 
 
-def test_single_dicom_slice_and_irregular_series():
+def test_single_dicom_slice_and_a_series_with_a_gap():
     vol = read_dicom_series(get_testdata_file("CT_small.dcm"))
     assert vol.shape == (1, 128, 128) and vol.spacing[1] == pytest.approx(0.661468, abs=1e-5)
     head = get_testdata_file("CT_small.dcm").rsplit("/", 1)[0] + "/dicomdirtests/77654033/CT2"
-    assert read_dicom_series(head).meta["irregular_spacing"]
+    with pytest.raises(InputError, match=r"evenly spaced slices, 1\.25 mm apart .* found 202\.5"):
+        read_dicom_series(head)  # 202.5 mm, then 1.25 mm: resampled, it would be squashed
+
+
+def test_dicom_and_nifti_of_one_scan_give_one_array(tmp_path):
+    """The same (S, A, R) volume written as a NIfTI and as an axial DICOM series reads back
+    identically: one orientation for every source."""
+    stored = np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6) - 1000
+    write_dicom_series(tmp_path / "dcm", stored, (2.0, 0.8, 0.7), intercept=0)
+    write_nifti(tmp_path / "v.nii.gz", stored, (2.0, 0.8, 0.7), slope=1, intercept=0)
+    dicom, nifti = read_dicom_series(tmp_path / "dcm"), read_nifti(tmp_path / "v.nii.gz")
+    np.testing.assert_array_equal(dicom.data, nifti.data)
+    assert dicom.spacing == pytest.approx(nifti.spacing)
+    assert dicom.meta["orientation"] == nifti.meta["orientation"] == "RAS"
+
+
+def oriented_series(folder, orient, positions, pixels):
+    """Slices of ``pixels`` (k, j, i) with ``orient`` and one position per slice."""
+    folder.mkdir()
+    blank = np.zeros((len(positions), *pixels.shape[1:]), np.int16)
+    write_dicom_series(folder, blank, (1, 1, 1), intercept=0)
+    files = sorted(folder.iterdir())
+    for f, pos, plane in zip(files, positions, pixels, strict=True):
+        ds = pydicom.dcmread(f)
+        ds.ImageOrientationPatient, ds.ImagePositionPatient = orient, list(pos)
+        ds.PixelData = np.ascontiguousarray(plane, "<i2").tobytes()
+        ds.save_as(f, enforce_file_format=True)
+    return files
+
+
+def test_feet_first_and_coronal_series_come_out_in_one_orientation(tmp_path):
+    pixels = np.arange(3 * 4 * 5, dtype=np.int16).reshape(3, 4, 5)
+    # Positions that descend while the file order ascends: sorted along the normal.
+    oriented_series(tmp_path / "ff", [1, 0, 0, 0, 1, 0], [(0, 0, -z) for z in range(3)], pixels)
+    vol = read_dicom_series(tmp_path / "ff")
+    np.testing.assert_array_equal(vol.data, pixels[::-1, ::-1, ::-1])
+    # Coronal: rows run to the left, columns down (−S), slices step to the back (+P).
+    oriented_series(tmp_path / "cor", [1, 0, 0, 0, 0, -1], [(0, y, 0) for y in range(3)], pixels)
+    vol = read_dicom_series(tmp_path / "cor")
+    assert vol.meta["orientation_on_disk"] == "LIP" and vol.shape == (4, 3, 5)
+    np.testing.assert_array_equal(vol.data, pixels.transpose(1, 0, 2)[::-1, ::-1, ::-1])
+
+
+def test_tilted_missing_and_malformed_slices_fail_naming_the_file(tmp_path):
+    pixels = np.zeros((4, 4, 4), np.int16)
+    tilt = [(0, 0.9 * z, 2.5 * z) for z in range(4)]  # a 20° gantry tilt
+    files = oriented_series(tmp_path / "tilt", [1, 0, 0, 0, 1, 0], tilt, pixels)
+    with pytest.raises(InputError, match=rf"{files[1]}: .*no gantry tilt.*sideways"):
+        read_dicom_series(tmp_path / "tilt")
+    gap = [(0, 0, z) for z in (0, 2.5, 5, 10)]  # the slice at 7.5 mm is missing
+    files = oriented_series(tmp_path / "gap", [1, 0, 0, 0, 1, 0], gap, pixels)
+    with pytest.raises(InputError, match=rf"{files[3]}: expected evenly spaced slices"):
+        read_dicom_series(tmp_path / "gap")
+    files = copy_series(CT5N, tmp_path / "empty", lambda i, ds: i == 1 and setattr(
+        ds, "RescaleSlope", None))  # fmt: skip
+    with pytest.raises(InputError, match=r"1 number in RescaleSlope"):
+        read_dicom_series(tmp_path / "empty")
+    copy_series(CT5N, tmp_path / "iop", lambda i, ds: setattr(ds, "ImageOrientationPatient", []))
+    with pytest.raises(InputError, match=r"6 numbers in ImageOrientationPatient"):
+        read_dicom_series(tmp_path / "iop")
+
+
+def test_padding_value_written_unsigned_on_signed_pixels(tmp_path):
+    """PixelPaddingValue −1500 stored with VR US (64036) still marks the signed padding."""
+    stored = np.full((2, 8, 8), 40, np.int16)
+    stored[:, :2] = -1500
+    write_dicom_series(tmp_path / "s", stored, (2, 1, 1), intercept=0)
+    for f in (tmp_path / "s").iterdir():
+        ds = pydicom.dcmread(f)
+        ds.add_new(0x00280120, "US", 64036)
+        ds.save_as(f, enforce_file_format=True)
+    vol = read_dicom_series(tmp_path / "s")
+    np.testing.assert_array_equal(vol.padding, stored == -1500)
 
 
 def test_dicom_folder_without_images_names_it(tmp_path):
     (tmp_path / "notes.txt").write_text("not dicom")
     with pytest.raises(InputError, match="pixel data"):
         read_dicom_series(tmp_path)
+
+
+def nifti_with(path, affine, units="mm", codes=(2, 0), pixdim=None, data=None):
+    """A NIfTI whose header says exactly this (nibabel would otherwise make it agree)."""
+    data = np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6) if data is None else data
+    hdr = nib.Nifti1Header()
+    hdr.set_data_shape(data.shape)
+    hdr.set_data_dtype(data.dtype)
+    hdr.set_sform(affine, codes[0])
+    hdr.set_qform(affine, codes[1])
+    sizes = np.linalg.norm(affine[:3, :3], axis=0)
+    hdr["pixdim"][1:4] = sizes if pixdim is None else pixdim
+    hdr.set_xyzt_units(units)
+    nib.save(nib.Nifti1Image(data, None, header=hdr), path)
+    return path
+
+
+def test_nifti_units_codes_and_conflicting_voxel_sizes(tmp_path):
+    # Micro-CT in microns and a header in metres: spacing in mm either way.
+    micron = nifti_with(tmp_path / "um.nii.gz", np.diag([50, 50, 60, 1.0]), "micron")
+    assert read_nifti(micron).spacing == pytest.approx((0.06, 0.05, 0.05))
+    metre = nifti_with(tmp_path / "m.nii.gz", np.diag([0.0007, 0.0008, 0.0025, 1.0]), "meter")
+    assert read_nifti(metre).spacing == pytest.approx((2.5, 0.8, 0.7))
+    # pixdim and the sform disagree: spacing and orientation would come from two claims.
+    both = nifti_with(tmp_path / "c.nii.gz", np.diag([0.7, 0.8, 2.5, 1.0]), pixdim=[1, 1, 1])
+    with pytest.raises(InputError, match=r"c\.nii\.gz: expected voxel sizes in pixdim that agree"):
+        read_nifti(both)
+    # Neither sform nor qform: the standard's method 1 (no left-right flip), as stored.
+    bare = nifti_with(tmp_path / "n.nii.gz", np.diag([-1, 1, 2, 1.0]), codes=(0, 0))
+    stored = np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6)
+    np.testing.assert_array_equal(read_nifti(bare).data, stored.transpose(2, 1, 0))
+    # (x, y, z, 1, 1): one volume written as 5-D.
+    five = nifti_with(tmp_path / "5.nii.gz", np.eye(4), data=stored[..., None, None])
+    assert read_nifti(five).shape == (6, 5, 4)
 
 
 def test_nifti_round_trip_spacing_and_orientation(tmp_path):
@@ -68,7 +179,6 @@ def test_nifti_round_trip_spacing_and_orientation(tmp_path):
     scaled = read_nifti(tmp_path / "s.nii.gz")
     assert scaled.claims == {"nifti_header": Rescale(2.0, -1024.0)}
     np.testing.assert_array_equal(scaled.data, data)  # stored values, scaling kept apart
-    import nibabel as nib  # NIfTI-2, gzipped: inflated by igzip, then parsed by nibabel
 
     nib.save(nib.Nifti2Image(data.transpose(2, 1, 0), np.eye(4)), tmp_path / "n2.nii.gz")
     np.testing.assert_array_equal(read_nifti(tmp_path / "n2.nii.gz").data, data)
@@ -82,7 +192,6 @@ def test_nifti_round_trip_spacing_and_orientation(tmp_path):
 
 
 def test_nifti_reorients_an_lps_file_to_canonical(tmp_path):
-    import nibabel as nib
 
     xyz = np.random.default_rng(0).integers(0, 100, size=(6, 5, 4)).astype(np.int16)
     nib.save(nib.Nifti1Image(xyz, np.diag([-0.5, -0.5, 2.0, 1.0])), tmp_path / "lps.nii")
@@ -267,6 +376,25 @@ def test_array_volumes_with_their_spacing(tmp_path):
     assert read_array_volume(tmp_path / "v.npz").to_hu()[1].source == "sidecar"
 
 
+def test_array_archives_as_other_tools_write_them(tmp_path):
+    hu = chest()
+    # float32 spacing in the archive, the same spacing in decimal in the sidecar: one claim.
+    np.savez(tmp_path / "f.npz", image=hu, spacing_zyx_mm=np.array([5, 0.7, 0.7], np.float32))
+    (tmp_path / "f.json").write_text('{"units": "hu", "spacing_zyx_mm": [5, 0.7, 0.7]}')
+    assert read_array_volume(tmp_path / "f.npz").spacing == pytest.approx((5, 0.7, 0.7))
+    # Members without the ".npy" suffix that np.savez adds (np.load reads them too).
+    with zipfile.ZipFile(tmp_path / "bare.npz", "w") as z:
+        for name, value in {"image": hu, "spacing_zyx_mm": np.array([5, 0.7, 0.7])}.items():
+            with z.open(name, "w") as f:
+                np.lib.format.write_array(f, value)
+    np.testing.assert_array_equal(read_npz(tmp_path / "bare.npz", "image"), hu)
+    # A spacing given as a string is no spacing, even when its characters are digits.
+    np.save(tmp_path / "s.npy", hu)
+    (tmp_path / "s.json").write_text('{"spacing_zyx_mm": "577"}')
+    with pytest.raises(InputError, match=r"s\.npy: expected spacing_zyx_mm: three positive"):
+        read_array_volume(tmp_path / "s.npy")
+
+
 def make_raw_tree(root: Path) -> None:
     """Every kind of CT item, two CT collisions, and colliding spike sequences and image sets."""
     hu = chest()
@@ -324,6 +452,22 @@ def test_discovery_finds_every_ct_kind_and_isolates_collisions(tmp_path):
         assert vol.to_hu()[1].rescale == Rescale(1.0, 0.0), key
 
 
+def test_a_series_beside_a_readme_and_a_dose_report_is_one_item(tmp_path):
+    """Scanner exports put notes and a dose report (a structured report, no slice) beside the
+    slices: neither hides the series, splits it in two, or becomes an item of its own."""
+    folder = tmp_path / "p1" / "CT"
+    slices = write_dicom_series(folder, np.zeros((3, 4, 4), np.int16), (2, 1, 1))
+    (folder / "0README").write_text("exported by the PACS")
+    report = pydicom.dcmread(slices[0])
+    report.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.88.67"  # dose SR
+    report.SOPClassUID, report.SeriesInstanceUID = "1.2.840.10008.5.1.4.1.1.88.67", "1.2.3.9"
+    del report.PixelData
+    report.save_as(folder / "dose.dcm", enforce_file_format=True)
+    found = discover_ct(tmp_path)
+    assert list(found.items) == ["p1_CT"] and not found.collisions
+    assert sorted(found.items["p1_CT"].files) == sorted(slices)
+
+
 def test_spike_and_image_collisions_are_reported_not_dropped(tmp_path):
     make_raw_tree(tmp_path)
     spikes = discover_spike_sequences(tmp_path)
@@ -336,7 +480,8 @@ def test_spike_and_image_collisions_are_reported_not_dropped(tmp_path):
 
 
 def test_discovery_opens_one_file_per_folder_outside_dicom(tmp_path, monkeypatch):
-    """1,000 suffix-less non-DICOM files in 20 folders: one sniff per folder, nothing else."""
+    """1,000 suffix-less non-DICOM files in 20 folders: three sniffs per folder (the first,
+    middle and last file), nothing else."""
     for i in range(20):
         folder = tmp_path / f"frames{i}"
         folder.mkdir()
@@ -349,9 +494,9 @@ def test_discovery_opens_one_file_per_folder_outside_dicom(tmp_path, monkeypatch
                         raising=False)  # fmt: skip
     dicom_module._series_uid.cache_clear()
     found = discover_ct(tmp_path)
-    assert list(found.items) == ["dicom"] and len(opened) == 20 + 1 + 5
+    assert list(found.items) == ["dicom"] and len(opened) == 20 * 3 + 1 + 5
     opened.clear()
-    assert discover_ct(tmp_path).items == found.items and len(opened) == 20 + 1  # cached
+    assert discover_ct(tmp_path).items == found.items and len(opened) == 20 * 3 + 1  # cached
 
 
 def test_sample_sources_of_every_kind_decide_their_hu(tmp_path):

@@ -93,7 +93,8 @@ def read_npz(path: str | Path, key: str | None = None) -> np.ndarray:
     if key not in names:
         raise InputError(path, f"an array named {key!r}", f"arrays {names}")
     with zipfile.ZipFile(path) as z:
-        info = z.getinfo(f"{key}.npy")
+        members = z.namelist()  # np.savez adds ".npy"; other writers may not
+        info = z.getinfo(f"{key}.npy" if f"{key}.npy" in members else key)
         try:
             with z.open(info) as f:
                 shape, fortran, dtype = _array_header(f, path, f"array {key!r}")
@@ -136,10 +137,20 @@ def _merge(path: Path, own: dict, sidecar: Path) -> dict:
         return own
     merged = dict(own)
     for name, value in _facts_from_sidecar(sidecar).items():
-        if name in own and own[name] != value:
+        if name in own and not _same(own[name], value):
             raise InputError(sidecar, f"{name} = {own[name]!r} as in {path.name}", repr(value))
         merged[name] = value
     return merged
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal facts; numbers up to float32 rounding (an archive's float32 spacing and its
+    sidecar's decimal one are the same claim)."""
+    try:
+        x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    except (TypeError, ValueError):
+        return a == b
+    return x.shape == y.shape and bool(np.allclose(x, y, rtol=1e-6, atol=0))
 
 
 def _spacing(path: Path, sidecar: Path, value) -> tuple[float, float, float]:
@@ -151,7 +162,7 @@ def _spacing(path: Path, sidecar: Path, value) -> tuple[float, float, float]:
             "none (a spacing is never guessed)",
         )
     try:
-        spacing = tuple(float(v) for v in value)
+        spacing = () if isinstance(value, str | bytes) else tuple(float(v) for v in value)
     except (TypeError, ValueError):
         spacing = ()
     if len(spacing) != 3 or not all(np.isfinite(s) and s > 0 for s in spacing):

@@ -12,9 +12,10 @@ voxels outside the field of view (``Volume.padding``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
@@ -25,7 +26,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from zarrfeed.errors import InputError
 from zarrfeed.formats.limits import MAX_INFLATE_RATIO, require_bytes
-from zarrfeed.formats.volume import Volume
+from zarrfeed.formats.volume import Volume, to_ras
 from zarrfeed.transforms.hu import IDENTITY
 
 DEFER_BYTES = 1024  # values larger than this (the pixel data) stay on disk until decoded
@@ -101,14 +102,35 @@ def _rescale_tags(slices: list[tuple[Path, Dataset]]) -> bool:
     return all(tagged)
 
 
-def _grid(slices: list[tuple[Path, Dataset]]) -> tuple[np.ndarray, tuple[float, float]]:
-    """Positions along the slice normal, after checking that all slices form one grid."""
+def _numbers(
+    path: Path, ds: Dataset, tag: str, count: int, default: Sequence[float] | None = None
+) -> np.ndarray:
+    """``count`` finite numbers from ``tag`` (``default`` when the tag is absent); an empty
+    or malformed value names the file instead of failing deep inside numpy."""
+    if tag not in ds and default is not None:
+        return np.array(default, dtype=float)
+    value = ds.get(tag)
+    values = [value] if count == 1 and not isinstance(value, list | tuple) else value
+    try:
+        out = np.array([float(v) for v in values], dtype=float)
+    except (TypeError, ValueError):
+        out = np.array([])
+    if out.shape != (count,) or not np.isfinite(out).all():
+        raise InputError(path, f"{count} number{'s' * (count > 1)} in {tag}", repr(value))
+    return out
+
+
+def _grid(slices: list[tuple[Path, Dataset]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row and column direction cosines, pixel spacing (dy, dx), positions (n, 3)) after
+    checking that all slices form one grid."""
     first_path, first = slices[0]
-    orient = np.array(first.get("ImageOrientationPatient", [1, 0, 0, 0, 1, 0]), dtype=float)
-    spacing = first.get("PixelSpacing")
-    if spacing is None:
+    orient = _numbers(first_path, first, "ImageOrientationPatient", 6, [1, 0, 0, 0, 1, 0])
+    if "PixelSpacing" not in first:
         raise InputError(first_path, "PixelSpacing (mm between pixel centres)", "none")
-    normal = np.cross(orient[:3], orient[3:])
+    spacing = _numbers(first_path, first, "PixelSpacing", 2)
+    if not (spacing > 0).all() or abs(np.dot(orient[:3], orient[3:])) > 1e-3:
+        raise InputError(first_path, "positive PixelSpacing and orthogonal orientation cosines",
+                         f"{spacing.tolist()}, {orient.tolist()}")  # fmt: skip
     positions = []
     for path, ds in slices:
         if (ds.Rows, ds.Columns) != (first.Rows, first.Columns):
@@ -116,17 +138,49 @@ def _grid(slices: list[tuple[Path, Dataset]]) -> tuple[np.ndarray, tuple[float, 
                 path, f"{first.Rows}×{first.Columns} pixels like {first_path}",
                 f"{ds.Rows}×{ds.Columns}",
             )  # fmt: skip
-        own = np.array(ds.get("ImageOrientationPatient", orient), dtype=float)
+        own = _numbers(path, ds, "ImageOrientationPatient", 6, orient)
         if not np.allclose(own, orient, atol=1e-4):
             raise InputError(path, f"orientation {orient.tolist()} like {first_path}", str(own))
-        if not np.allclose(np.array(ds.get("PixelSpacing", spacing), float), spacing):
-            raise InputError(path, f"pixel spacing {spacing} like {first_path}",
+        if not np.allclose(_numbers(path, ds, "PixelSpacing", 2, spacing), spacing):
+            raise InputError(path, f"pixel spacing {spacing.tolist()} like {first_path}",
                              str(ds.get("PixelSpacing")))  # fmt: skip
-        pos = ds.get("ImagePositionPatient")
-        if pos is None and len(slices) > 1:
+        if "ImagePositionPatient" not in ds and len(slices) > 1:
             raise InputError(path, "ImagePositionPatient on every slice of a series", "none")
-        positions.append(float(np.dot(normal, np.array(pos, dtype=float))) if pos else 0.0)
-    return np.array(positions), (float(spacing[0]), float(spacing[1]))
+        positions.append(_numbers(path, ds, "ImagePositionPatient", 3, [0, 0, 0]))
+    return orient, spacing, np.array(positions)
+
+
+def _check_stack(files: list[Path], positions: np.ndarray, normal: np.ndarray, dz: float,
+                 pixel: float) -> None:  # fmt: skip
+    """Refuse slices that are not one evenly spaced stack along the slice normal: a missing
+    slice would squash the volume, a gantry tilt or a stray slice would shear it."""
+    steps = np.diff(positions, axis=0)
+    along = steps @ normal
+    sideways = np.linalg.norm(steps - np.outer(along, normal), axis=1)
+    for i in np.flatnonzero(sideways > max(0.05 * pixel, 1e-3)):
+        tilt = float(np.degrees(np.arctan2(sideways[i], along[i])))
+        raise InputError(
+            files[i + 1],
+            f"a position on the slice normal from {files[i]} (no gantry tilt)",
+            f"{sideways[i]:.3f} mm sideways over a {along[i]:.3f} mm step ({tilt:.1f}°)",
+        )
+    for i in np.flatnonzero(np.abs(along - dz) > max(0.01 * dz, 1e-3)):
+        raise InputError(
+            files[i + 1],
+            f"evenly spaced slices, {dz:.4g} mm apart (the median gap)",
+            f"{along[i]:.4g} mm from {files[i]} (a missing or extra slice?)",
+        )
+
+
+def _affine(orient: np.ndarray, spacing: np.ndarray, origin: np.ndarray, normal: np.ndarray,
+            dz: float) -> np.ndarray:  # fmt: skip
+    """RAS+ affine of voxel (column i, row j, slice k): DICOM's patient axes are LPS."""
+    lps = np.eye(4)
+    lps[:3, 0] = orient[:3] * spacing[1]  # along a row: the next column
+    lps[:3, 1] = orient[3:] * spacing[0]  # along a column: the next row
+    lps[:3, 2] = normal * dz
+    lps[:3, 3] = origin
+    return np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
 
 
 def read_dicom_series(
@@ -153,15 +207,26 @@ def read_dicom_series(
             raise InputError(source, f"series {series_uid}", f"series {uids}")
     for f, ds in slices:
         _check_pixels(f, ds)
-    positions, (dy, dx) = _grid(slices)
+    orient, spacing, points = _grid(slices)
+    normal = np.cross(orient[:3], orient[3:])
+    normal /= np.linalg.norm(normal)
     rows, cols = int(slices[0][1].Rows), int(slices[0][1].Columns)
-    order = np.argsort(positions, kind="stable")
-    z = positions[order]
+    order = np.argsort(points @ normal, kind="stable")
+    z = points[order] @ normal
     for a, b, gap in zip(order[:-1], order[1:], np.diff(z), strict=True):
         if gap < POSITION_TOLERANCE_MM:
             raise InputError(
                 slices[b][0], "one slice per position", f"the position of {slices[a][0]}"
             )
+    if len(slices) > 1:
+        dz = float(np.median(np.diff(z)))
+        files = [slices[i][0] for i in order]
+        _check_stack(files, points[order], normal, dz, float(spacing.min()))
+    else:
+        thickness = slices[0][1].get("SliceThickness")
+        if not thickness:
+            raise InputError(slices[0][0], "SliceThickness for a single-slice series", "none")
+        dz = float(_numbers(slices[0][0], slices[0][1], "SliceThickness", 1)[0])
     tagged = _rescale_tags(slices)
     volume = np.empty((len(slices), rows, cols), dtype=np.float32)
     padding = None
@@ -178,30 +243,29 @@ def read_dicom_series(
             if padding is None:
                 padding = np.zeros(volume.shape, dtype=bool)
             padding[out_i] = pad
-        slope = float(ds.get("RescaleSlope", 1.0))
-        intercept = float(ds.get("RescaleIntercept", 0.0))
+        slope = _numbers(f, ds, "RescaleSlope", 1, [1.0])[0]
+        intercept = _numbers(f, ds, "RescaleIntercept", 1, [0.0])[0]
         np.multiply(pixels, np.float32(slope), out=volume[out_i], casting="unsafe")
         volume[out_i] += np.float32(intercept)
-    if len(slices) > 1:
-        gaps = np.diff(z)
-        dz = float(np.median(gaps))
-        irregular = bool(np.ptp(gaps) > 0.01 * dz)
-    else:
-        thickness = slices[0][1].get("SliceThickness")
-        if not thickness:
-            raise InputError(slices[0][0], "SliceThickness for a single-slice series", "none")
-        dz, irregular = float(thickness), False
+    # (slice, row, column) is (k, j, i); brought to (S, A, R) like every NIfTI.
+    on_disk = _affine(orient, spacing, points[order[0]], normal, dz)
+    zooms = (float(spacing[1]), float(spacing[0]), dz)
+    data, affine, zyx = to_ras(volume.transpose(2, 1, 0), on_disk, zooms)
+    if padding is not None:
+        padding = to_ras(padding.transpose(2, 1, 0), on_disk, zooms)[0]
     return Volume(
-        data=volume,
-        spacing=(dz, dy, dx),
+        data=data,
+        spacing=zyx,
         source=str(source) if isinstance(source, str | Path) else str(slices[0][0].parent),
         claims={"dicom": IDENTITY} if tagged else {},
         padding=padding,
+        affine=affine,
         meta={
             "slices": len(slices),
             "series_uid": uids[0] if series_uid is None else series_uid,
             "slice_positions_mm": z.tolist(),
-            "irregular_spacing": irregular,
+            "orientation_on_disk": "".join(nib.aff2axcodes(on_disk)),
+            "orientation": "".join(nib.aff2axcodes(affine)),
             "files": [str(slices[i][0]) for i in order],
         },
     )
@@ -213,6 +277,10 @@ def _padding(ds: Dataset, pixels: np.ndarray) -> np.ndarray | None:
     if value is None:
         return None
     limit = ds.get("PixelPaddingRangeLimit", value)
+    if int(ds.get("PixelRepresentation") or 0) == 1:  # signed pixels, a value written as US
+        bits = int(ds.get("BitsAllocated") or 16)
+        value, limit = (int(v) - (1 << bits) if int(v) >= 1 << (bits - 1) else v
+                        for v in (value, limit))  # fmt: skip
     lo, hi = min(value, limit), max(value, limit)
     mask = (pixels >= lo) & (pixels <= hi)
     return mask if mask.any() else None
@@ -221,6 +289,11 @@ def _padding(ds: Dataset, pixels: np.ndarray) -> np.ndarray | None:
 DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
 _SERIES_UID = 0x0020000E
 _DICOMDIR_CLASS = "1.2.840.10008.1.3.10"
+# Storage classes that are no CT slice but sit beside series: structured reports (dose
+# reports), presentation states, documents, raw data and registrations, waveforms, RT.
+_NOT_SLICES = tuple(f"1.2.840.10008.5.1.4.1.1.{c}" for c in
+                    ("88.", "11.", "104.", "66", "9.", "481."))  # fmt: skip
+NOT_A_SLICE = "-"  # no UID is "-": UIDs are digits and dots
 
 
 def looks_like_dicom(path: Path) -> bool:
@@ -235,9 +308,10 @@ def looks_like_dicom(path: Path) -> bool:
 
 @functools.lru_cache(maxsize=1 << 18)
 def _series_uid(path: str, size: int, mtime_ns: int) -> str | None:
-    """SeriesInstanceUID from the start of the header; "" for a DICOMDIR or a non-DICOM file,
-    None for a DICOM file whose header cannot be read.  Cached by size and mtime: a sensor
-    that walks the same folders every tick reads each header once."""
+    """SeriesInstanceUID from the start of the header; "" for a non-DICOM file,
+    ``NOT_A_SLICE`` for a DICOMDIR, a report or another object that is no slice, None for a
+    DICOM file whose header cannot be read.  Cached by size and mtime: a sensor that walks
+    the same folders every tick reads each header once."""
     try:
         with open(path, "rb") as f:
             ds = read_partial(f, stop_when=lambda tag, vr, length: tag > _SERIES_UID)
@@ -245,20 +319,23 @@ def _series_uid(path: str, size: int, mtime_ns: int) -> str | None:
         return ""
     except Exception:  # truncated or corrupt: the series reader names the problem
         return None
-    if ds.file_meta.get("MediaStorageSOPClassUID") == _DICOMDIR_CLASS:
-        return ""
+    sop_class = str(ds.file_meta.get("MediaStorageSOPClassUID") or ds.get("SOPClassUID") or "")
+    if sop_class == _DICOMDIR_CLASS or sop_class.startswith(_NOT_SLICES):
+        return NOT_A_SLICE
     return str(ds.get("SeriesInstanceUID") or "") or None
 
 
 def group_series(files: Iterable[Path]) -> tuple[dict[str, list[Path]], list[Path]]:
     """(SeriesInstanceUID → its files, broken files) among ``files``.  Broken: a DICOM
     header that cannot be read, or a ``.dcm`` file that is not DICOM; other files that are
-    no DICOM image (notes, DICOMDIR) are left out."""
+    no DICOM image (notes, DICOMDIR, dose reports) are left out."""
     series: dict[str, list[Path]] = {}
     broken = []
     for path in files:
         st = path.stat()
         uid = _series_uid(str(path), st.st_size, st.st_mtime_ns)
+        if uid == NOT_A_SLICE:
+            continue
         if uid:
             series.setdefault(uid, []).append(path)
         elif uid is None or path.suffix.lower() in DICOM_SUFFIXES:
@@ -274,13 +351,15 @@ def write_dicom_series(
     padding_value: int | None = None,
     seed: str = "zarrfeed",
 ) -> list[Path]:
-    """Write (z, y, x) int16 stored values as a CT series, one suffix-less file per slice
-    as many scanners name them, with deterministic UIDs (used for sample data)."""
+    """Write (z, y, x) = (S, A, R) int16 stored values as a head-first supine axial CT
+    series (rows run to the patient's left, columns to the back, as scanners store them), one
+    suffix-less file per slice as many scanners name them, with deterministic UIDs (used for
+    sample data); :func:`read_dicom_series` gives the same array back."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     study, series = (generate_uid(entropy_srcs=[seed, part]) for part in ("study", "series"))
     paths = []
-    for i, plane in enumerate(np.asarray(stored, dtype="<i2")):
+    for i, plane in enumerate(np.asarray(stored, dtype="<i2")[:, ::-1, ::-1]):
         sop = generate_uid(entropy_srcs=[seed, "slice", str(i)])
         ds = Dataset()
         ds.file_meta = FileMetaDataset()
@@ -297,7 +376,7 @@ def write_dicom_series(
         ds.RescaleSlope, ds.RescaleIntercept, ds.RescaleType = 1, intercept, "HU"
         if padding_value is not None:
             ds.PixelPaddingValue = padding_value
-        ds.PixelData = plane.tobytes()
+        ds.PixelData = np.ascontiguousarray(plane).tobytes()
         paths.append(folder / f"IM{i + 1:04d}")
         ds.save_as(paths[-1], enforce_file_format=True)
     return paths

@@ -186,8 +186,11 @@ def _bare(name: str) -> bool:
 
 def _dicom_items(root: Path, folder: Path, names: list[str]) -> list[tuple[str, Path, CTItem]]:
     files = [folder / n for n in names if n.lower().endswith(DICOM_SUFFIXES)]
-    bare = [folder / n for n in names if _bare(n)]
-    if bare and looks_like_dicom(bare[0]):
+    bare = [folder / n for n in sorted(names) if _bare(n)]
+    # A README or CHECKSUMS file may sort first or last: the first, middle and last are
+    # sniffed (three opens at most for a folder of other suffix-less files, such as frames).
+    sniffed = dict.fromkeys(bare[i] for i in (0, len(bare) // 2, -1)) if bare else {}
+    if any(looks_like_dicom(f) for f in sniffed):
         files += bare
     if not files:
         return []

@@ -20,7 +20,7 @@ from nibabel.openers import ImageOpener
 
 from zarrfeed.errors import InputError
 from zarrfeed.formats.limits import claimed_bytes, fill, require_bytes, require_inflatable
-from zarrfeed.formats.volume import Volume
+from zarrfeed.formats.volume import Volume, to_ras
 from zarrfeed.transforms.hu import IDENTITY, Rescale
 
 
@@ -69,17 +69,14 @@ def _layout(path: Path) -> _Layout:
     """The header, checked for sense and against the file size before any voxel is read."""
     header = _read_header(path)
     shape = tuple(int(n) for n in header.get_data_shape())
-    if len(shape) == 4 and shape[3] == 1:
-        shape = shape[:3]  # one time point written as 4-D
+    while len(shape) > 3 and shape[-1] == 1:
+        shape = shape[:-1]  # one time point (or component) written as 4-D or 5-D
     if len(shape) != 3 or min(shape) < 1:
         raise InputError(path, "a 3-D volume", f"shape {shape}")
     dtype = header.get_data_dtype()
     if dtype.kind not in "iuf" or dtype.fields:
         raise InputError(path, "integer or float voxels", f"data type {dtype}")
-    zooms = tuple(abs(float(z)) for z in header.get_zooms()[:3])  # the sign is the affine's
-    affine = header.get_best_affine()
-    if not (all(np.isfinite(z) and z > 0 for z in zooms) and np.isfinite(affine).all()):
-        raise InputError(path, "positive voxel sizes and a finite affine", f"pixdim {zooms}")
+    zooms, affine = _geometry(path, header)
     offset = max(header.get_data_offset(), header.single_vox_offset)
     layout = _Layout(header, shape, dtype, offset, affine, zooms)
     if np.isnan(layout.ornt()).any():
@@ -90,6 +87,41 @@ def _layout(path: Path) -> _Layout:
     else:
         require_bytes(path, offset + layout.nbytes, size, layout.describe())
     return layout
+
+
+# What a millimetre is in each of the header's xyz units; "unknown" is taken as mm.
+_MM = {"meter": 1000.0, "mm": 1.0, "micron": 1e-3, "unknown": 1.0}
+
+
+def _geometry(path: Path, header: nib.Nifti1Header) -> tuple[tuple[float, ...], np.ndarray]:
+    """Voxel sizes (i, j, k) and the affine, both in millimetres.
+
+    With neither sform nor qform, the NIfTI standard's method 1 applies (x = pixdim[1]·i,
+    no flip), not nibabel's Analyze-style left-right flip.  The affine's voxel sizes must
+    agree with pixdim: spacing and orientation never come from two different claims.
+    """
+    try:
+        zooms = tuple(abs(float(z)) for z in header.get_zooms()[:3])  # the sign is the affine's
+        if header["sform_code"] == 0 and header["qform_code"] == 0:
+            affine = np.diag([*zooms, 1.0])
+        else:
+            affine = np.asarray(header.get_best_affine(), dtype=float)
+        unit = header.get_xyzt_units()[0]
+    except Exception as exc:  # nibabel refuses impossible quaternions, codes, …
+        found = f"{type(exc).__name__}: {exc}"
+        raise InputError(path, "a readable voxel geometry", found) from None
+    if not (all(np.isfinite(z) and z > 0 for z in zooms) and np.isfinite(affine).all()):
+        raise InputError(path, "positive voxel sizes and a finite affine", f"pixdim {zooms}")
+    sizes = np.linalg.norm(affine[:3, :3], axis=0)
+    if not np.allclose(sizes, zooms, rtol=0.01):
+        raise InputError(
+            path,
+            "voxel sizes in pixdim that agree with the sform/qform",
+            f"pixdim {zooms}, affine columns {tuple(round(float(v), 6) for v in sizes)}",
+        )
+    scale = _MM.get(unit, 1.0)
+    affine[:3] *= scale
+    return tuple(z * scale for z in zooms), affine
 
 
 def _inflate(path: Path, size: int) -> np.ndarray:
@@ -152,13 +184,12 @@ def read_nifti(path: str | Path, canonical: bool = True) -> Volume:
     layout = _layout(path)
     data, affine, zooms = _voxels(path, layout), layout.affine, layout.zooms
     if canonical:
-        ornt = layout.ornt()
-        data = nib.orientations.apply_orientation(data, ornt)
-        affine = affine @ nib.orientations.inv_ornt_aff(ornt, layout.shape)
-        zooms = tuple(zooms[int(axis)] for axis in ornt[:, 0].argsort())
+        data, affine, spacing = to_ras(data, affine, zooms)
+    else:
+        data, spacing = data.transpose(2, 1, 0), (zooms[2], zooms[1], zooms[0])
     return Volume(
-        data=data.transpose(2, 1, 0),
-        spacing=(zooms[2], zooms[1], zooms[0]),
+        data=data,
+        spacing=spacing,
         source=str(path),
         claims=_scaling_claim(layout.header),
         affine=affine,

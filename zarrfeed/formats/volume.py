@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import nibabel as nib
 import numpy as np
 
 from zarrfeed.errors import InputError
@@ -55,3 +56,16 @@ class Volume:
             self.data, self.source, claims, padding=self.padding, override=override
         )
         return hu.to_hu(self.data, decision, self.padding), decision
+
+
+def to_ras(
+    data: np.ndarray, affine: np.ndarray, zooms: tuple[float, ...]
+) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
+    """Voxel axes (i, j, k) with their RAS+ ``affine`` and ``zooms`` brought to RAS+ and
+    transposed to (z, y, x) = (S, A, R): every scan in one orientation, whatever its format.
+    Returns the (view of the) data, the affine of the result and its (z, y, x) spacing."""
+    ornt = nib.orientations.io_orientation(affine)
+    out = nib.orientations.apply_orientation(data, ornt)
+    affine = affine @ nib.orientations.inv_ornt_aff(ornt, data.shape)
+    zooms = tuple(zooms[int(axis)] for axis in ornt[:, 0].argsort())
+    return out.transpose(2, 1, 0), affine, (zooms[2], zooms[1], zooms[0])
