@@ -330,3 +330,15 @@ def test_a_partition_run_through_a_lasting_fault_fails_cleanly_and_its_retry_com
     retried = build(resources, instance, "ct", CT_KEYS[0])  # the retry, fault gone
     assert retried.success and all(checks(retried).values())
     env.close()
+
+
+def test_an_endpoint_with_a_password_never_shows_it(monkeypatch):
+    """``http://user:password@host`` endpoints work with some gateways: the password stays
+    out of the identity (which keys caches) and out of every error."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    options = {"endpoint_url": "http://admin:TopSecretPw@127.0.0.1:9", "key": "k", "secret": "s"}
+    store = ZarrStore(f"s3://{BUCKET}/closed", options)
+    assert store.identity == f"s3://{BUCKET}/closed|http://127.0.0.1:9"
+    with pytest.raises(StoreError) as err:
+        store.commit_record("ct/hu", "scan_1")
+    assert "127.0.0.1:9" in str(err.value) and "TopSecretPw" not in str(err.value)

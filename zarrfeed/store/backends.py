@@ -16,6 +16,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import shutil
 import time
 import uuid
@@ -295,7 +296,9 @@ class ObjectBackend(Backend):
         self.root = root.rstrip("/")
         self.url = self.fs.unstrip_protocol(self.root)
         named = [self.storage_options.get(k) for k in _IDENTITY_OPTIONS]
-        self.endpoint: str | None = next(filter(None, named), None) or _client_endpoint(self.fs)
+        endpoint = next(filter(None, named), None) or _client_endpoint(self.fs)
+        # The server, never its credentials: the endpoint is shown in errors and keys caches.
+        self.endpoint: str | None = _USERINFO.sub("", endpoint) if endpoint else None
         self.identity = f"{self.url}|{self.endpoint}" if self.endpoint else self.url
 
     def location(self, path: str) -> str:
@@ -408,9 +411,14 @@ def _with_defaults(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return {**S3_DEFAULTS, **options, "config_kwargs": config}
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
 def redact(text: str, options: dict[str, Any] | None = None) -> str:
     """``text`` with every credential value known here (options, ``client_kwargs``, the
-    standard AWS variables) replaced by ``***``."""
+    standard AWS variables, and the ``user:password@`` of any URL, such as an endpoint's)
+    replaced by ``***``."""
+    text = _USERINFO.sub("***@", text)
     options = options or {}
     nested = options.get("client_kwargs") or {}
     values = [options.get(k) for k in _SECRET_OPTIONS] + [nested.get(k) for k in _SECRET_OPTIONS]
