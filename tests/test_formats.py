@@ -134,13 +134,13 @@ def test_dicom_folder_without_images_names_it(tmp_path):
         read_dicom_series(tmp_path)
 
 
-def nifti_with(path, affine, units="mm", codes=(2, 0), pixdim=None, data=None):
+def nifti_with(path, affine, units="mm", codes=(2, 0), pixdim=None, data=None, sform=None):
     """A NIfTI whose header says exactly this (nibabel would otherwise make it agree)."""
     data = np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6) if data is None else data
     hdr = nib.Nifti1Header()
     hdr.set_data_shape(data.shape)
     hdr.set_data_dtype(data.dtype)
-    hdr.set_sform(affine, codes[0])
+    hdr.set_sform(affine if sform is None else sform, codes[0])
     hdr.set_qform(affine, codes[1])
     sizes = np.linalg.norm(affine[:3, :3], axis=0)
     hdr["pixdim"][1:4] = sizes if pixdim is None else pixdim
@@ -163,6 +163,10 @@ def test_nifti_units_codes_and_conflicting_voxel_sizes(tmp_path):
     bare = nifti_with(tmp_path / "n.nii.gz", np.diag([-1, 1, 2, 1.0]), codes=(0, 0))
     stored = np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6)
     np.testing.assert_array_equal(read_nifti(bare).data, stored.transpose(2, 1, 0))
+    # An all-zero sform beside a valid qform: the qform holds the geometry.
+    zeroed = nifti_with(tmp_path / "z.nii.gz", np.diag([0.7, 0.8, 2.5, 1.0]), codes=(1, 1),
+                        sform=np.zeros((4, 4)))  # fmt: skip
+    assert read_nifti(zeroed).spacing == pytest.approx((2.5, 0.8, 0.7))
     # (x, y, z, 1, 1): one volume written as 5-D.
     five = nifti_with(tmp_path / "5.nii.gz", np.eye(4), data=stored[..., None, None])
     assert read_nifti(five).shape == (6, 5, 4)
@@ -388,6 +392,12 @@ def test_array_archives_as_other_tools_write_them(tmp_path):
             with z.open(name, "w") as f:
                 np.lib.format.write_array(f, value)
     np.testing.assert_array_equal(read_npz(tmp_path / "bare.npz", "image"), hu)
+    # bzip2 members: refused for what they are, not as a false size claim.
+    bz = zipfile.ZipFile(tmp_path / "bz.npz", "w", zipfile.ZIP_BZIP2)
+    with bz, bz.open("a.npy", "w") as f:
+        np.lib.format.write_array(f, hu)
+    with pytest.raises(InputError, match=r"stored or deflated .* found zip compression method 12"):
+        read_npz(tmp_path / "bz.npz")
     # A spacing given as a string is no spacing, even when its characters are digits.
     np.save(tmp_path / "s.npy", hu)
     (tmp_path / "s.json").write_text('{"spacing_zyx_mm": "577"}')

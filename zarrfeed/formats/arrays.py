@@ -95,13 +95,17 @@ def read_npz(path: str | Path, key: str | None = None) -> np.ndarray:
     with zipfile.ZipFile(path) as z:
         members = z.namelist()  # np.savez adds ".npy"; other writers may not
         info = z.getinfo(f"{key}.npy" if f"{key}.npy" in members else key)
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            # bzip2 and LZMA have no bound on what a member inflates to, unlike deflate
+            what = f"array {key!r} stored or deflated (np.savez, np.savez_compressed)"
+            raise InputError(path, what, f"zip compression method {info.compress_type}")
         try:
             with z.open(info) as f:
                 shape, fortran, dtype = _array_header(f, path, f"array {key!r}")
                 needed = claimed_bytes(shape, dtype.itemsize)
                 what = f"array {key!r}: {shape} {dtype}"
                 require_bytes(path, f.tell() + needed, info.file_size, what)
-                if info.compress_type != zipfile.ZIP_STORED:
+                if info.compress_type == zipfile.ZIP_DEFLATED:
                     require_inflatable(path, needed, info.compress_size, what)
                 buf = np.empty(needed, dtype=np.uint8)
                 got = fill(f, buf)

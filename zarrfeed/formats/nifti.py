@@ -106,6 +106,8 @@ def _geometry(path: Path, header: nib.Nifti1Header) -> tuple[tuple[float, ...], 
             affine = np.diag([*zooms, 1.0])
         else:
             affine = np.asarray(header.get_best_affine(), dtype=float)
+            if header["qform_code"] > 0 and not np.linalg.det(affine[:3, :3]):
+                affine = np.asarray(header.get_qform(), dtype=float)  # a zeroed sform
         unit = header.get_xyzt_units()[0]
     except Exception as exc:  # nibabel refuses impossible quaternions, codes, …
         found = f"{type(exc).__name__}: {exc}"

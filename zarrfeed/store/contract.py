@@ -176,7 +176,7 @@ CT_HU = StoredAsset(
     name="ct_hu",
     path="ct/hu",
     family="ct",
-    version="2",
+    version="3",  # 3: DICOM reoriented to (S, A, R); NIfTI units and method-1 geometry
     arrays=(ArraySpec("hu", ZYX, "int16"),),
     description=(
         "CT volume in Hounsfield units (int16), the rescale decided from all the evidence, "
