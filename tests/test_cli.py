@@ -157,3 +157,66 @@ def test_nightly_and_verify_on_an_images_store(dagster_env):
     [line] = [ln for ln in bad.stdout.splitlines() if "inspection_test" in ln]
     assert "MISMATCH" in line and "images: content checksum differs" in line
     assert f"{raw / 'inspection' / 'test'} changed since the build" in line
+
+
+def test_a_mistyped_store_or_an_unwritable_path_fails_in_one_line(tmp_path):
+    """A store that does not exist is not an empty store: read as one, `status` would call
+    every partition gone and advise removing them."""
+    typo = tmp_path / "data" / "zarrfeed.zar"
+    for args in (["status"], ["inspect"], ["verify"], ["partitions", "remove", "ct", "k", "--yes"]):
+        out = zarrfeed(*args, "--store", typo)
+        assert out.returncode == 2, (args, out.stdout, out.stderr[-2000:])
+        assert f"no zarrfeed store at {typo}" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "empty").mkdir()
+    home = tmp_path / "home"
+    out = zarrfeed("demo", "--raw", tmp_path / "empty", "--store", tmp_path / "s.zarr",
+                   "--dagster-home", home, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"{tmp_path / 'empty'}: expected raw CT scans" in out.stderr
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    out = zarrfeed("sample-data", blocker / "raw")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert str(blocker) in out.stderr
+
+
+def test_the_one_line_cause_is_the_message_that_names_the_file():
+    from types import SimpleNamespace as Error
+
+    from zarrfeed.demo import root_cause
+
+    gzip = Error(cls_name="BadGzipFile", message="BadGzipFile: stream ended early", cause=None)
+    ours = Error(
+        cls_name="InputError",
+        cause=gzip,
+        message="zarrfeed.errors.InputError: /raw/a.nii.gz: expected a complete gzip",
+    )
+    step = Error(cls_name="DagsterExecutionStepExecutionError", cause=ours,
+                 message="Error occurred while executing op")  # fmt: skip
+    assert root_cause(step) == "/raw/a.nii.gz: expected a complete gzip"
+    assert root_cause(Error(cls_name="OSError", message="OSError: disk full", cause=None)) == (
+        "disk full"
+    )
+    checks = Error(cls_name="DagsterAssetCheckFailedError", cause=None,
+                   message="1 blocking asset check failed with ERROR severity:\n"
+                           "ct_dataset: non_empty")  # fmt: skip
+    assert root_cause(checks) == (
+        "1 blocking asset check failed with ERROR severity: ct_dataset: non_empty"
+    )
+
+
+def test_an_interrupted_run_stops_the_demo():
+    import dagster as dg
+
+    from zarrfeed.demo import run
+
+    @dg.op
+    def interrupted() -> None:
+        raise dg.DagsterExecutionInterruptedError()  # what Ctrl-C turns into inside a run
+
+    @dg.job
+    def job() -> None:
+        interrupted()
+
+    with dg.instance_for_test() as instance, pytest.raises(KeyboardInterrupt):
+        run(job, instance, "ct", "k")

@@ -186,11 +186,26 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _existing(url: str) -> None:
+    """Refuse a store that does not exist: read as empty, a mistyped --store would report
+    every partition as gone (and advise removing them)."""
+    from zarrfeed.errors import StoreError
+    from zarrfeed.store import ZarrStore
+
+    store = ZarrStore(url)
+    if not store.exists():
+        raise StoreError(
+            f"no zarrfeed store at {store.url}: check --store (or ZARRFEED_STORE); a build or "
+            "`zarrfeed demo` creates one"
+        )
+
+
 def _partitions(args: argparse.Namespace) -> int:
     from zarrfeed.commands import partitions
     from zarrfeed.commands.instance import home_of, open_instance
     from zarrfeed.resources import ZarrStoreResource
 
+    _existing(args.store)
     resource = ZarrStoreResource(url=args.store)
     store, catalog = resource.store(), resource.catalog(args.family)
     home = home_of(args.dagster_home)
@@ -219,6 +234,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from zarrfeed.commands.output import codec_text, human_bytes, print_json, print_table
     from zarrfeed.store import ZarrStore
 
+    _existing(args.store)
     store = ZarrStore(args.store)
     if args.asset is None:
         rows = inspect.overview(store)
@@ -308,6 +324,7 @@ def _verify(args: argparse.Namespace) -> int:
     from zarrfeed.resources import ZarrStoreResource
     from zarrfeed.store.contract import FAMILIES, STORED
 
+    _existing(args.store)
     resource = ZarrStoreResource(url=args.store)
     specs = [inspect.resolve(args.asset)] if args.asset else list(STORED.values())
     catalogs = {f: resource.catalog(f) for f in FAMILIES}
@@ -337,6 +354,7 @@ def _status(args: argparse.Namespace) -> int:
     from zarrfeed.resources import ZarrStoreResource
     from zarrfeed.store.contract import FAMILIES
 
+    _existing(args.store)
     resource = ZarrStoreResource(url=args.store)
     store = resource.store()
     home = home_of(args.dagster_home)
@@ -424,6 +442,19 @@ def _reader_options(
     p.set_defaults(func=func)
 
 
+def count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``least`` (argparse names the flag)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer ≥ {least}, found {value}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zarrfeed",
@@ -434,10 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sample-data", help="write deterministic synthetic CT, spike and image data")
     p.add_argument("out", help="folder to write into")
-    p.add_argument("--scans", type=int, default=4, help="CT volumes (CT-RATE layout)")
-    p.add_argument("--sequences", type=int, default=2, help="spike/GoPro sequences")
-    p.add_argument("--samples", type=int, default=6, help="samples per spike sequence")
-    p.add_argument("--images", type=int, default=8, help="976×176×3 inspection images")
+    p.add_argument("--scans", type=count(0), default=4, help="CT volumes (CT-RATE layout)")
+    p.add_argument("--sequences", type=count(0), default=2, help="spike/GoPro sequences")
+    p.add_argument("--samples", type=count(1), default=6, help="samples per spike sequence")
+    p.add_argument("--images", type=count(0), default=8, help="976×176×3 inspection images")
     p.add_argument(
         "--size",
         choices=["small", "full"],
@@ -464,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", default="ibrahimhamamci/CT-RATE")
     p.add_argument("--revision", default="main")
     p.add_argument("--split", choices=["train", "valid"], default="valid")
-    p.add_argument("--max-scans", type=int, default=None, help="build only the first N volumes")
+    p.add_argument("--max-scans", type=count(1), help="build only the first N volumes")
     p.add_argument("--cache-dir", default=None, help="download cache (default: the HF cache)")
     p.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or the hub)")
     p.add_argument("--delete-after-commit", action="store_true", help="free disk as it goes")
@@ -475,8 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("benchmark-loader", help="throughput and cache statistics of a loader")
     p.add_argument("--store", default="data/zarrfeed.zarr", help="Zarr store folder or URL")
     p.add_argument("--dataset", choices=sorted(DATASETS), default="ct-patches")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--batches", type=int, default=50, help="batches to time")
+    p.add_argument("--batch", type=count(1), default=8)
+    p.add_argument("--batches", type=count(1), default=50, help="batches to time")
     p.add_argument("--workers", default="auto", help="'auto', 'cpu*0.9' or a number")
     p.add_argument("--cache-gb", type=float, default=2.0, help="shared cache budget")
     p.add_argument("--autotune", action="store_true", help="measure worker counts first")
@@ -516,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=TASKS, help="override the config's task")
     p.add_argument("--store", help="override the store URL")
     p.add_argument("--out", help="override the checkpoint folder")
-    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--steps", type=count(1), help="override train.steps")
     p.add_argument("--print-config", action="store_true", help="print the resolved config")
     p.set_defaults(func=_train)
     return parser
@@ -534,6 +565,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ZarrfeedError as exc:  # bad input or store state: the message says what to do
         print(f"zarrfeed {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path it cannot read or write (permissions, a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"zarrfeed {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"zarrfeed {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

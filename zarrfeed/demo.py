@@ -110,6 +110,7 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
 
     from zarrfeed.assets import model_assets
     from zarrfeed.definitions import defs
+    from zarrfeed.errors import InputError
     from zarrfeed.jobs.discovery import discover_into
     from zarrfeed.resources import RawFolderResource, ZarrStoreResource
     from zarrfeed.store.contract import FAMILIES
@@ -118,6 +119,12 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
     rows = []
     with dg.DagsterInstance.get() as instance:
         keys = {f: discover_into(instance, f, raw_resource, zarr_store) for f in FAMILIES}
+        if not any(keys.values()):
+            raise InputError(
+                raw,
+                "raw CT scans, spike sequences or image sets",
+                "none (`zarrfeed sample-data DIR` writes some)",
+            )
         total = sum(map(len, keys.values())) + 1 + len(model_assets)
         with display(total) as progress:
             for family, family_keys in keys.items():
@@ -150,7 +157,21 @@ def run(job: Any, instance: Any, family: str, key: str, **options: Any) -> Row:
     result = job.execute_in_process(
         instance=instance, raise_on_error=False, tags=REPOSITORY_TAG, **options
     )
+    if any(e.cls_name == INTERRUPTED for e in _failures(result)):
+        raise KeyboardInterrupt  # Ctrl-C stops the whole demo, not only this run
     return _row(result, family, key, time.perf_counter() - t0)
+
+
+INTERRUPTED = "DagsterExecutionInterruptedError"
+
+
+def _failures(result: Any) -> Iterator[Any]:
+    """Every error in the cause chains of a run's step failures."""
+    for event in result.all_events:
+        error = event.event_specific_data.error if event.is_step_failure else None
+        while error is not None:
+            yield error
+            error = getattr(error, "cause", None)
 
 
 def run_hub(hf_config: dict, store: str, home: Path, progress: Progress = lambda _: None):
@@ -184,15 +205,30 @@ def run_hub(hf_config: dict, store: str, home: Path, progress: Progress = lambda
     return rows
 
 
+def _subclass_names(cls: type) -> set[str]:
+    return {cls.__name__, *(n for sub in cls.__subclasses__() for n in _subclass_names(sub))}
+
+
 def root_cause(error: Any) -> str:
-    """The innermost cause of a Dagster error (a ``SerializableErrorInfo``), one line: the
-    message that names the file, not Dagster's "Error occurred while executing op"."""
-    while getattr(error, "cause", None) is not None:
-        error = error.cause
+    """What failed, in one line, from a Dagster error (a ``SerializableErrorInfo``): the
+    outermost zarrfeed error of its cause chain — the message that names the file or the
+    server, not its own cause (a bare gzip or socket error) nor Dagster's "Error occurred
+    while executing op" — else the innermost cause."""
+    from zarrfeed.errors import ZarrfeedError
+
+    chain = []
+    while error is not None:
+        chain.append(error)
+        error = getattr(error, "cause", None)
+    ours = _subclass_names(ZarrfeedError)
+    error = next((e for e in chain if e.cls_name in ours), chain[-1])
     message = (error.message or "").strip()
     # "zarrfeed.errors.InputError: path: expected …" → "path: expected …"
     message = re.sub(rf"^[\w.]*{re.escape(error.cls_name)}: ", "", message)
-    return message.splitlines()[0] if message else error.cls_name
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "1 blocking asset check failed …:"
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else error.cls_name
 
 
 def _row(result: Any, family: str, key: str, seconds: float) -> Row:

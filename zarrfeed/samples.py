@@ -349,6 +349,7 @@ def make_gopro_spike(
                     path, simulate_spikes(gray, threshold=1.0, seed=seed, repeat=repeat), layout
                 )
             yield seq / "sharp" / f"{stem}.png"
+    out.mkdir(parents=True, exist_ok=True)  # also with no sequence at all
     (out / "dataset.json").write_text(
         json.dumps(
             {

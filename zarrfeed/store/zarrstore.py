@@ -145,6 +145,11 @@ class ZarrStore:
     def __repr__(self) -> str:
         return f"ZarrStore({self.url!r})"
 
+    def exists(self) -> bool:
+        """Whether anything was ever written here (a commit, a catalog): a command that only
+        reads refuses a store that does not exist instead of reporting it empty."""
+        return bool(self.backend.list_dir(self.root))
+
     # paths -------------------------------------------------------------------------------
     def path(self, asset: str, key: str | None = None) -> str:
         """The folder of an asset, or of one partition (all its versions)."""

@@ -78,9 +78,11 @@ class LoaderConfig(Section):
 class TrainSection(Section):
     """The loop: steps, batch, optimiser, precision, checkpoints."""
 
-    steps: int = Field(40, description="optimiser steps in all (a resumed run continues to it)")
-    batch_size: int = 4
-    accumulate: int = Field(1, description="micro-batches per optimiser step")
+    steps: int = Field(
+        40, ge=1, description="optimiser steps in all (a resumed run continues to it)"
+    )
+    batch_size: int = Field(4, ge=1)
+    accumulate: int = Field(1, ge=1, description="micro-batches per optimiser step")
     lr: float = 2e-3
     weight_decay: float = 0.0
     max_grad_norm: float = Field(1.0, description="0 disables clipping")
