@@ -218,5 +218,15 @@ def test_an_interrupted_run_stops_the_demo():
     def job() -> None:
         interrupted()
 
-    with dg.instance_for_test() as instance, pytest.raises(KeyboardInterrupt):
-        run(job, instance, "ct", "k")
+    @dg.op
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt  # from code that lets it through
+
+    @dg.job
+    def other() -> None:
+        ctrl_c()
+
+    with dg.instance_for_test() as instance:
+        for stopped in (job, other):
+            with pytest.raises(KeyboardInterrupt):
+                run(stopped, instance, "ct", "k")

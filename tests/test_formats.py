@@ -113,6 +113,30 @@ def test_tilted_missing_and_malformed_slices_fail_naming_the_file(tmp_path):
     copy_series(CT5N, tmp_path / "iop", lambda i, ds: setattr(ds, "ImageOrientationPatient", []))
     with pytest.raises(InputError, match=r"6 numbers in ImageOrientationPatient"):
         read_dicom_series(tmp_path / "iop")
+    zero = [0, 0, 0, 0, 0, 0]  # as some anonymisers write it
+    copy_series(CT5N, tmp_path / "zero", lambda i, ds: setattr(ds, "ImageOrientationPatient", zero))
+    with pytest.raises(InputError, match=r"two orthogonal unit cosines"):
+        read_dicom_series(tmp_path / "zero")
+
+
+def test_positions_rounded_to_few_decimals_still_make_one_stack(tmp_path):
+    """0.625 mm slices whose positions a scanner wrote to two decimals: each gap is 0.62 or
+    0.63 mm, the stack is even, and the spacing is the fitted one."""
+    pixels = np.zeros((9, 4, 4), np.int16)
+    rounded = [(0, 0, round(0.625 * k, 2)) for k in range(9)]
+    oriented_series(tmp_path / "r", [1, 0, 0, 0, 1, 0], rounded, pixels)
+    assert read_dicom_series(tmp_path / "r").spacing[0] == pytest.approx(0.625, abs=1e-3)
+
+
+def test_slice_files_are_listed_as_data_runs(tmp_path):
+    """A series whose normal points to the feet: files and positions follow data's z (S)."""
+    pixels = np.arange(3)[:, None, None] * np.ones((3, 2, 2), np.int16)
+    files = oriented_series(tmp_path / "f", [-1, 0, 0, 0, 1, 0], [(0, 0, -z) for z in (0, 10, 20)],
+                            pixels)  # fmt: skip
+    vol = read_dicom_series(tmp_path / "f")
+    assert vol.meta["files"] == [str(f) for f in files[::-1]]
+    for f, plane in zip(vol.meta["files"], vol.data, strict=True):
+        assert plane[0, 0] == pydicom.dcmread(f).pixel_array[0, 0]
 
 
 def test_padding_value_written_unsigned_on_signed_pixels(tmp_path):

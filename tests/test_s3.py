@@ -28,6 +28,7 @@ from test_store import (  # noqa: F401
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ObjectBackend, ZarrStore
+from zarrfeed.store.backends import redact
 from zarrfeed.store.zarrstore import summarise
 
 BUCKET = "zarrfeed-test"
@@ -342,3 +343,5 @@ def test_an_endpoint_with_a_password_never_shows_it(monkeypatch):
     with pytest.raises(StoreError) as err:
         store.commit_record("ct/hu", "scan_1")
     assert "127.0.0.1:9" in str(err.value) and "TopSecretPw" not in str(err.value)
+    # urllib splits the userinfo at the last "@": an unescaped "@" in a password too.
+    assert redact("http://admin:p@ss@host:9000/x") == "http://***@host:9000/x"

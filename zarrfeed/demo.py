@@ -157,12 +157,12 @@ def run(job: Any, instance: Any, family: str, key: str, **options: Any) -> Row:
     result = job.execute_in_process(
         instance=instance, raise_on_error=False, tags=REPOSITORY_TAG, **options
     )
-    if any(e.cls_name == INTERRUPTED for e in _failures(result)):
+    if any(e.cls_name in INTERRUPTED for e in _failures(result)):
         raise KeyboardInterrupt  # Ctrl-C stops the whole demo, not only this run
     return _row(result, family, key, time.perf_counter() - t0)
 
 
-INTERRUPTED = "DagsterExecutionInterruptedError"
+INTERRUPTED = {"DagsterExecutionInterruptedError", "KeyboardInterrupt"}
 
 
 def _failures(result: Any) -> Iterator[Any]:

@@ -128,9 +128,11 @@ def _grid(slices: list[tuple[Path, Dataset]]) -> tuple[np.ndarray, np.ndarray, n
     if "PixelSpacing" not in first:
         raise InputError(first_path, "PixelSpacing (mm between pixel centres)", "none")
     spacing = _numbers(first_path, first, "PixelSpacing", 2)
-    if not (spacing > 0).all() or abs(np.dot(orient[:3], orient[3:])) > 1e-3:
-        raise InputError(first_path, "positive PixelSpacing and orthogonal orientation cosines",
-                         f"{spacing.tolist()}, {orient.tolist()}")  # fmt: skip
+    cosines = orient.reshape(2, 3)
+    unit = np.allclose(np.linalg.norm(cosines, axis=1), 1, atol=1e-2)
+    if not (spacing > 0).all() or not unit or abs(np.dot(*cosines)) > 1e-3:
+        expected = "positive PixelSpacing, two orthogonal unit cosines in ImageOrientationPatient"
+        raise InputError(first_path, expected, f"{spacing.tolist()}, {orient.tolist()}")
     positions = []
     for path, ds in slices:
         if (ds.Rows, ds.Columns) != (first.Rows, first.Columns):
@@ -144,16 +146,21 @@ def _grid(slices: list[tuple[Path, Dataset]]) -> tuple[np.ndarray, np.ndarray, n
         if not np.allclose(_numbers(path, ds, "PixelSpacing", 2, spacing), spacing):
             raise InputError(path, f"pixel spacing {spacing.tolist()} like {first_path}",
                              str(ds.get("PixelSpacing")))  # fmt: skip
-        if "ImagePositionPatient" not in ds and len(slices) > 1:
+        if len(slices) == 1 and not ds.get("ImagePositionPatient"):
+            positions.append(np.zeros(3))  # one slice: where it lies changes nothing here
+            continue
+        if "ImagePositionPatient" not in ds:
             raise InputError(path, "ImagePositionPatient on every slice of a series", "none")
-        positions.append(_numbers(path, ds, "ImagePositionPatient", 3, [0, 0, 0]))
+        positions.append(_numbers(path, ds, "ImagePositionPatient", 3))
     return orient, spacing, np.array(positions)
 
 
-def _check_stack(files: list[Path], positions: np.ndarray, normal: np.ndarray, dz: float,
-                 pixel: float) -> None:  # fmt: skip
-    """Refuse slices that are not one evenly spaced stack along the slice normal: a missing
-    slice would squash the volume, a gantry tilt or a stray slice would shear it."""
+def _slice_gap(files: list[Path], positions: np.ndarray, normal: np.ndarray,
+               pixel: float) -> float:  # fmt: skip
+    """The gap between slices (mm), after refusing slices that are not one evenly spaced
+    stack along the slice normal: a missing slice would squash the volume, a gantry tilt or a
+    stray slice would shear it.  Each position may stray from the fitted stack by a tenth of
+    the gap (positions rounded to a few decimals), never by a slice."""
     steps = np.diff(positions, axis=0)
     along = steps @ normal
     sideways = np.linalg.norm(steps - np.outer(along, normal), axis=1)
@@ -164,12 +171,17 @@ def _check_stack(files: list[Path], positions: np.ndarray, normal: np.ndarray, d
             f"a position on the slice normal from {files[i]} (no gantry tilt)",
             f"{sideways[i]:.3f} mm sideways over a {along[i]:.3f} mm step ({tilt:.1f}°)",
         )
-    for i in np.flatnonzero(np.abs(along - dz) > max(0.01 * dz, 1e-3)):
+    z = positions @ normal
+    dz = float(z[-1] - z[0]) / (len(z) - 1)
+    stray = z - (z[0] + dz * np.arange(len(z)))
+    if np.abs(stray).max() > max(0.1 * dz, 0.02):
+        i = int(np.argmax(np.abs(along - np.median(along))))
         raise InputError(
             files[i + 1],
-            f"evenly spaced slices, {dz:.4g} mm apart (the median gap)",
+            f"evenly spaced slices, {float(np.median(along)):.4g} mm apart (the median gap)",
             f"{along[i]:.4g} mm from {files[i]} (a missing or extra slice?)",
         )
+    return dz
 
 
 def _affine(orient: np.ndarray, spacing: np.ndarray, origin: np.ndarray, normal: np.ndarray,
@@ -219,9 +231,8 @@ def read_dicom_series(
                 slices[b][0], "one slice per position", f"the position of {slices[a][0]}"
             )
     if len(slices) > 1:
-        dz = float(np.median(np.diff(z)))
         files = [slices[i][0] for i in order]
-        _check_stack(files, points[order], normal, dz, float(spacing.min()))
+        dz = _slice_gap(files, points[order], normal, float(spacing.min()))
     else:
         thickness = slices[0][1].get("SliceThickness")
         if not thickness:
@@ -253,6 +264,9 @@ def read_dicom_series(
     data, affine, zyx = to_ras(volume.transpose(2, 1, 0), on_disk, zooms)
     if padding is not None:
         padding = to_ras(padding.transpose(2, 1, 0), on_disk, zooms)[0]
+    axis, direction = nib.orientations.io_orientation(on_disk)[2]
+    if axis == 2 and direction < 0:  # slices run to the feet: list them as data's z runs
+        order, z = order[::-1], z[::-1]
     return Volume(
         data=data,
         spacing=zyx,
@@ -263,6 +277,7 @@ def read_dicom_series(
         meta={
             "slices": len(slices),
             "series_uid": uids[0] if series_uid is None else series_uid,
+            # Along data's z for axial series; along the slice normal for any other.
             "slice_positions_mm": z.tolist(),
             "orientation_on_disk": "".join(nib.aff2axcodes(on_disk)),
             "orientation": "".join(nib.aff2axcodes(affine)),

@@ -411,7 +411,7 @@ def _with_defaults(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return {**S3_DEFAULTS, **options, "config_kwargs": config}
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+_USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # to the last "@", as urllib splits it
 
 
 def redact(text: str, options: dict[str, Any] | None = None) -> str:
