@@ -367,6 +367,8 @@ def test_unused_caches_are_swept_by_age_and_cap_and_listed_and_cleared(
     assert main(["cache", "clear", "--all"]) == 0
     assert "in use, kept" in capsys.readouterr().out and not legacy.exists()
     assert used.cache.arena.folder.path.exists()
+    assert main(["cache", "clear", "zarrfeed-arrays-typo"]) == 2  # a name that is no cache
+    assert "no cache named zarrfeed-arrays-typo" in capsys.readouterr().err
 
 
 def test_locks_are_released_when_their_holder_dies(tmp_path):

@@ -183,6 +183,11 @@ def _cache(args: argparse.Namespace) -> int:
     print(
         f"removed {len(removed)} cache(s)" + (f"; in use, kept: {', '.join(busy)}" if busy else "")
     )
+    unknown = [n for n in args.names or [] if n not in removed and n not in busy]
+    if unknown:
+        print(f"zarrfeed cache clear: no cache named {', '.join(unknown)} "
+              "(`zarrfeed cache list` names them)", file=sys.stderr)  # fmt: skip
+        return 2
     return 0
 
 
@@ -499,12 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None, help="download cache (default: the HF cache)")
     p.add_argument("--endpoint", default=None, help="hub URL (default: HF_ENDPOINT or the hub)")
     p.add_argument("--delete-after-commit", action="store_true", help="free disk as it goes")
-    p.add_argument("--store", default="data/zarrfeed.zarr")
+    p.add_argument("--store", default=STORE, help="Zarr store folder or URL")
     p.add_argument("--dagster-home", default=".dagster_home")
     p.set_defaults(func=_hub)
 
     p = sub.add_parser("benchmark-loader", help="throughput and cache statistics of a loader")
-    p.add_argument("--store", default="data/zarrfeed.zarr", help="Zarr store folder or URL")
+    p.add_argument("--store", default=STORE, help="Zarr store folder or URL")
     p.add_argument("--dataset", choices=sorted(DATASETS), default="ct-patches")
     p.add_argument("--batch", type=count(1), default=8)
     p.add_argument("--batches", type=count(1), default=50, help="batches to time")

@@ -79,7 +79,7 @@ class Backend:
         return StoreError(
             f"could not {operation} {where} ({text}), retries included: check that the store "
             f"{self.url}{server} is reachable and allows {operation} with these credentials, "
-            "then rerun the partition"
+            "then run it again"
         )
 
     def read(self, path: str) -> bytes:
