@@ -52,6 +52,22 @@ def orphaned_semaphores():
     remove_orphaned_semaphores(before)
 
 
+@pytest.fixture(autouse=True)
+def killable_children(request):
+    """Children inherit an ignored SIGTERM across exec, and then a multiprocessing pool's
+    terminate() waits for them forever.  Some library in the session leaves SIGTERM ignored
+    (seen once in CI: a pool worker outlived pytest); the test that did is named and the
+    default put back."""
+    import signal
+    import warnings
+
+    yield
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        warnings.warn(f"{request.node.nodeid} left SIGTERM ignored; the default is restored",
+                      stacklevel=1)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def spikezoo_data() -> Path:
     return package_dir("spikezoo") / "data" / "base"

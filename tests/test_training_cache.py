@@ -152,9 +152,13 @@ def _hammer(url: str, budget_gb: float, seed: int, seconds: float, ordered: bool
 def test_concurrent_processes_never_read_torn_or_foreign_bytes(ct_store):
     budget = unit_budget_gb(16)  # 16 slots for 32 units: constant eviction
     CTPatchDataset(ct_store, cache_gb=budget).cache.clear()
-    with mp.get_context("spawn").Pool(3) as pool:  # two seqlock readers, one locking reader
+    pool = mp.get_context("spawn").Pool(3)  # two seqlock readers, one locking reader
+    try:
         args = [(ct_store.url, budget, s, 2.0, s < 2) for s in range(3)]
         reads = pool.starmap(_hammer, args)
+    finally:  # close + join: workers end on their own, never relying on SIGTERM
+        pool.close()
+        pool.join()
     stats = CTPatchDataset(ct_store, cache_gb=budget).cache.stats()
     assert min(reads) > 0 and stats["evictions"] > 0 and stats["entries"] <= 16
 

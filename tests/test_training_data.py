@@ -73,8 +73,12 @@ def test_cache_is_shared_lru_and_byte_budgeted(tmp_path):
     assert loads == ["b"]
     # Another process (spawned: nothing inherited) sees the same entries and adds its hits.
     ctx = mp.get_context("spawn")
-    with ctx.Pool(1) as pool:
+    pool = ctx.Pool(1)
+    try:
         assert pool.apply(_read_cached, (cache, "d")) == 3.0
+    finally:  # close + join: the worker ends on its own, never relying on SIGTERM
+        pool.close()
+        pool.join()
     assert cache.stats()["hits"] == 2
 
 
