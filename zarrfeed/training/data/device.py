@@ -182,7 +182,7 @@ class DeviceSlots(_PatchSource):
         self._last_use = np.zeros(self.slots, np.int64)
         self._slot_of_dev = torch.full((n_units,), -1, dtype=torch.int32, device=device)
         grid = -(-g.shapes // g.units)
-        # per scan: first unit id, unit-grid strides (z, y), unit shape
+        # per scan: its first unit's id, the unit-grid strides (units per z, per y), unit shape
         table = np.concatenate(
             [g.offsets[:-1, None], grid[:, 1:2] * grid[:, 2:3], grid[:, 2:3], g.units], axis=1
         )
@@ -254,10 +254,10 @@ class DeviceSlots(_PatchSource):
         indices = np.asarray(indices)
         self.ensure(self.dataset.sample_units(indices))
         items, origins, _ = self._indices(indices)
-        first, gz, gy, uz, uy, ux = self._table[items].unbind(1)
+        first, per_z, per_y, uz, uy, ux = self._table[items].unbind(1)
         z, y, x = self._axes(origins)
         cz, cy, cx = z // uz[:, None], y // uy[:, None], x // ux[:, None]
-        unit = _grid([first[:, None] + cz * (gz * gy)[:, None], cy * gy[:, None], cx])
+        unit = _grid([first[:, None] + cz * per_z[:, None], cy * per_y[:, None], cx])
         local = _grid(
             [(z - cz * uz[:, None]) * (uy * ux)[:, None], (y - cy * uy[:, None]) * ux[:, None],
              x - cx * ux[:, None]]

@@ -353,7 +353,7 @@ def make_feed(
 def _device_sampler(
     dataset: Any, holder: DevicePatches | DeviceSlots, order: str, rank: int, world: int, seed: int
 ) -> ResumableSampler | BlockSampler:
-    if isinstance(holder, DeviceSlots) and order != "random":
+    if isinstance(holder, DeviceSlots) and order == "auto":
         host = dataset.cache.capacity_bytes or holder.nbytes()
         block = min(host, holder.nbytes()) // 2
         sampler = BlockSampler(dataset, rank, world, seed, block_bytes=block)
