@@ -48,7 +48,8 @@ def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) ->
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A small host table on ``device``, through pinned memory on CUDA."""
+    """A small host table on ``device``, through pinned memory on CUDA (the host never
+    waits for the copy: it is ordered on the current stream before what reads it)."""
     host = torch.from_numpy(np.ascontiguousarray(array))
     if device.type != "cuda":
         return host.to(device, copy=True)
@@ -216,7 +217,7 @@ class DeviceSlots(_PatchSource):
                 gone = self._unit_in[victims]
                 self._slot_of[gone] = -1
                 self._unit_in[victims] = -1
-                self._slot_of_dev[torch.from_numpy(gone).to(self.device)] = -1
+                self._slot_of_dev[_to_device(gone, self.device)] = -1
                 self.stats.evictions += len(victims)
                 free = np.sort(np.concatenate([free, victims]))
             slots = free[: len(missing)]
@@ -244,9 +245,9 @@ class DeviceSlots(_PatchSource):
         # locate() walks the units in id order: ``units`` is sorted (np.unique), rows agree
         ds.cache.read_into(requests, threads=usable_threads())
         moved = staged.to(self.device, non_blocking=True).reshape(len(units), -1)
-        where = torch.from_numpy(slots).to(self.device)
+        where = _to_device(slots, self.device)
         self.pool.view(self.slots, self.unit_elems).index_copy_(0, where, moved)
-        self._slot_of_dev[torch.from_numpy(units).to(self.device)] = where.to(torch.int32)
+        self._slot_of_dev[_to_device(units, self.device)] = where.to(torch.int32)
 
     def batch(self, indices: np.ndarray) -> dict[str, Any]:
         """The same batch as ``dataset.__getitems__(indices)``: its units made resident,
