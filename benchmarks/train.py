@@ -91,9 +91,11 @@ class NaiveTask(CTClassification):
         return default_collate
 
 
-def build_store(work: Path, scans: int) -> tuple[Path, Path]:
+def build_store(work: Path, scans: int, size: str = "small") -> tuple[Path, Path]:
+    """``scans`` sample CT-RATE scans (``size``: "small" or "full") built through the CT
+    graph into a store: (raw folder, store)."""
     raw, store = work / "raw", work / "store.zarr"
-    list(make_ct_rate(raw / "ct-rate", scans, "small", np.random.default_rng(0)))
+    list(make_ct_rate(raw / "ct-rate", scans, size, np.random.default_rng(0)))
     resources = {
         **RESOURCES,
         "zarr_store": ZarrStoreResource(url=str(store)),

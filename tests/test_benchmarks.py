@@ -11,8 +11,8 @@ BENCH_LINE = re.compile(r"^BENCH (\S+) (-?[0-9.]+(?:e[-+]?\d+)?) (x|s|MB|share|\
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
-def bench_names(script: str) -> set[str]:
-    out = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick"],
+def bench_names(script: str, *args: str) -> set[str]:
+    out = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick", *args],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     lines = [ln for ln in out.splitlines() if ln.startswith("BENCH")]
     assert all(BENCH_LINE.match(ln) for ln in lines), lines
@@ -54,3 +54,14 @@ def test_loaders_benchmark_quick():
 @pytest.mark.slow
 def test_train_benchmark_quick():
     assert {"train.data_wait_share", "train.data_wait_share_naive"} <= bench_names("train.py")
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_quick_on_the_cpu():
+    regimes = ("fits", "device_quarter", "host_quarter")
+    assert {
+        "gpu.limit_samples_per_s",
+        "gpu.vs_monai",
+        *(f"gpu.wait_share.{r}" for r in regimes),
+        *(f"gpu.samples_vs_limit.{r}" for r in regimes),
+    } <= bench_names("gpu.py", "--device", "cpu")

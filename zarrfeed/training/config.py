@@ -63,10 +63,16 @@ class LoaderConfig(Section):
         "dataset's decoded arrays exceed data.cache_gb",
     )
     device_cache: Literal["auto", "on", "off"] = Field(
-        "off",
-        description="CT patches: hold the volumes on the training device and cut batches there "
-        "(auto: on CUDA when they take at most a quarter of its free memory; off by default "
-        "until measured on a GPU)",
+        "auto",
+        description="CT patches: use the training device as a cache tier and cut batches there "
+        "(the volumes when they fit its budget, else a pool of cache-unit slots within it); "
+        "auto: on CUDA devices only",
+    )
+    device_cache_gb: float | None = Field(
+        None,
+        gt=0,
+        description="GiB of device memory the device cache may take (default: a quarter of "
+        "the free device memory)",
     )
 
     @field_validator("workers", mode="before")

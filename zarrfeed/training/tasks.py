@@ -55,7 +55,9 @@ class Task:
     def model(self, dataset: Dataset) -> nn.Module:
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss and the task's metrics, all device tensors: reading a value back waits
+        for the device, which the training loop does only at log steps."""
         raise NotImplementedError
 
     def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
@@ -84,7 +86,7 @@ class CTClassification(Task):
         t = self.config.train
         return CTClassifier(len(dataset.label_names), t.width, t.grad_checkpointing)
 
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = model(batch["image"].float())
         labels = batch["labels"]
         known = ~torch.isnan(labels)  # scans without a label row do not count
@@ -92,7 +94,7 @@ class CTClassification(Task):
         per = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
         loss = (per * known).sum() / known.sum().clamp(min=1)
         correct = ((logits > 0) == (target > 0.5)) & known
-        accuracy = correct.sum().item() / max(1, known.sum().item())
+        accuracy = correct.sum() / known.sum().clamp(min=1)
         return loss, {"accuracy": accuracy}
 
 
@@ -133,7 +135,7 @@ class SparseAutoencoder(Task):
         grid[coords[:, 0], 0, coords[:, 1], coords[:, 2], coords[:, 3]] = 1.0
         return grid
 
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         target = self.occupancy(batch)
         logits = model(target).float()
         # Occupied cells are the minority: weigh them by the empty/occupied ratio (capped).
@@ -141,8 +143,8 @@ class SparseAutoencoder(Task):
         weight = ((target.numel() - occupied) / occupied).clamp(max=20.0)
         loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight)
         pred = logits > 0
-        union = (pred | (target > 0)).sum().item()
-        iou = (pred & (target > 0)).sum().item() / max(1, union)
+        union = (pred | (target > 0)).sum()
+        iou = (pred & (target > 0)).sum() / union.clamp(min=1)
         return loss, {"iou": iou}
 
 
@@ -172,15 +174,15 @@ class SpikeDeblurring(Task):
         t = self.config.train
         return SpikeDeblur(3 + self.config.data.clip_len * bins, t.width, t.grad_checkpointing)
 
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mid = batch["blur"].shape[1] // 2
         blur = batch["blur"][:, mid].float() / 255
         sharp = batch["sharp"][:, mid].float() / 255
         voxels = batch["voxels"].flatten(1, 2).float() / self.voxel_scale
         pred = model(blur, voxels).float()
         loss = F.l1_loss(pred, sharp)
-        mse = F.mse_loss(pred.clamp(0, 1), sharp).item()
-        return loss, {"psnr": 10 * math.log10(1 / max(mse, 1e-10))}
+        mse = F.mse_loss(pred.detach().clamp(0, 1), sharp)
+        return loss, {"psnr": 10 * torch.log10(1 / mse.clamp(min=1e-10))}
 
 
 class DefectSegmentation(Task):
@@ -199,7 +201,7 @@ class DefectSegmentation(Task):
         t = self.config.train
         return DefectSegmenter(3, t.width, t.grad_checkpointing)
 
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = model(batch["image"]).float()
         target = batch["mask"].float()
         prob = torch.sigmoid(logits)
@@ -207,7 +209,7 @@ class DefectSegmentation(Task):
         weight = torch.tensor(DEFECT_WEIGHT, device=logits.device)
         loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight) + dice
         pred, truth = logits > math.log(DEFECT_WEIGHT), target > 0
-        iou = (pred & truth).sum().item() / max(1, (pred | truth).sum().item())
+        iou = (pred & truth).sum() / (pred | truth).sum().clamp(min=1)
         return loss, {"iou": iou}
 
 

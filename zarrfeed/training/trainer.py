@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +29,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.data.device import device_loader
-from zarrfeed.training.data.loader import LoaderPlan, batch_len, make_loader
-from zarrfeed.training.data.sampler import make_sampler
+from zarrfeed.training.data.feed import Feed, make_feed, to_device
+from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.report import loss_curve_png
 from zarrfeed.training.tasks import Task, make_task
 
@@ -86,15 +85,6 @@ def amp_policy(mode: str, device: torch.device) -> tuple[torch.dtype | None, boo
     if mode == "fp16" and device.type != "cuda":
         raise ConfigError("train.amp=fp16 needs CUDA; use bf16 (or auto) on the CPU")
     return (torch.bfloat16, False) if mode == "bf16" else (torch.float16, True)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Copy a batch to ``device``; from pinned memory the copy overlaps compute."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
 
 
 def data_fingerprint(dataset: Dataset) -> dict[str, Any]:
@@ -178,25 +168,23 @@ class Trainer:
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         return True
 
-    def _loader(self, dataset: Dataset, sampler: Sampler) -> tuple[Any, LoaderPlan]:
+    def _feed(self, dataset: Dataset) -> Feed:
+        """The pipelined feed, its producer (and DataLoader workers) started at once."""
         c = self.config
-        held = device_loader(
-            dataset, sampler, c.train.batch_size, self.device, c.dataloader.device_cache
-        )
-        if held is not None:
-            held[1].reasons.append(f"sampler: {sampler.reason}")
-            self.log(held[1].log_block())
-            return held
-        preload = {"auto": "auto", "always": True, "never": False}[c.dataloader.preload]
-        return make_loader(
+        return make_feed(
             dataset,
             c.train.batch_size,
-            workers=c.dataloader.workers,
-            preload=preload,
+            self.device,
             collate_fn=self.task.collate(dataset),
-            sampler=sampler,
-            drop_last=True,
+            workers=c.dataloader.workers,
+            preload={"auto": "auto", "always": True, "never": False}[c.dataloader.preload],
+            order=c.dataloader.sampler,
+            device_cache=c.dataloader.device_cache,
+            device_cache_gb=c.dataloader.device_cache_gb,
             context=c.dataloader.context,
+            rank=self.env.rank,
+            world=self.env.world,
+            seed=c.seed,
             log=self.log,
         )
 
@@ -207,8 +195,8 @@ class Trainer:
         with torch.inference_mode(), self._autocast():
             for batch in batches:
                 loss, metrics = self.task.loss(model, to_device(batch, self.device))
-                for k, v in {"loss": loss.item(), **metrics}.items():
-                    totals[k] = totals.get(k, 0.0) + v / len(batches)
+                for k, v in {"loss": loss, **metrics}.items():
+                    totals[k] = totals.get(k, 0.0) + float(v) / len(batches)
         model.train()
         return {k: round(v, 6) for k, v in totals.items()}
 
@@ -281,6 +269,22 @@ class Trainer:
                 f"{c.task}: {len(dataset)} samples in {c.store} cannot fill one batch of "
                 f"{t.batch_size} per rank on {self.env.world} rank(s); lower train.batch_size"
             )
+        # First the feed: its workers start and its device tier fills while the model and
+        # the optimiser are built; it produces once it knows where to begin.
+        feed = self._feed(dataset)
+        try:
+            return self._train(dataset, feed)
+        finally:
+            feed.close()
+
+    def _train(self, dataset: Dataset, feed: Feed) -> TrainResult:
+        """The training loop.  It never waits for the device between log steps: losses stay
+        on the device and are read back, all at once, at log steps and checkpoints.  Each
+        step's ``data_time`` is the host's wait for a batch not yet prepared, plus (on CUDA,
+        measured by events) the device's wait for its copy or gather; ``step_time`` is the
+        rest of the wall time, the synchronisation at the read-back included, so over a log
+        window the two add up to the wall-clock time."""
+        c, t = self.config, self.config.train
         model = self.task.model(dataset).to(self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         saved = self._load(model, optimizer)
@@ -302,32 +306,19 @@ class Trainer:
                 self.log(f"[{c.task}] resumed from {self.checkpoint_path} at step {state['step']}")
         resumed_from = state["step"]
 
-        sampler = make_sampler(dataset, c.dataloader.sampler, self.env.rank, self.env.world, c.seed)
-        loader, plan = self._loader(dataset, sampler)
-        per_epoch = len(sampler) // t.batch_size
+        feed.begin(state["epoch"], state["position"])
         net: nn.Module = model
         if self.env.world > 1:
             net = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
-
-        def batches() -> Iterator[Any]:
-            while True:
-                sampler.set_epoch(state["epoch"], state["position"] * t.batch_size)
-                if hasattr(dataset, "set_epoch"):  # random crops/defects differ per epoch
-                    dataset.set_epoch(state["epoch"])
-                for batch in loader:
-                    state["position"] += 1
-                    yield batch
-                state["epoch"], state["position"] = state["epoch"] + 1, 0
-
         self.log(
             f"[{c.task}] device={self.device} amp={self.amp_dtype} "
             f"scaler={self.scaler.is_enabled()} "
-            f"world={self.env.world} samples={len(dataset)} batches/epoch={per_epoch} "
+            f"world={self.env.world} samples={len(dataset)} batches/epoch={feed.per_epoch} "
             f"accumulate={t.accumulate} steps={t.steps}"
         )
-        history, stream = state["history"], batches()
+        history, pending = state["history"], []
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         while state["step"] < t.steps:
@@ -335,7 +326,7 @@ class Trainer:
             losses, samples = [], 0
             for micro in range(t.accumulate):
                 t0 = time.perf_counter()
-                batch = to_device(next(stream), self.device)
+                (epoch, position), batch = feed.next()
                 t1 = time.perf_counter()
                 sync = micro == t.accumulate - 1 or not isinstance(net, DistributedDataParallel)
                 with contextlib.nullcontext() if sync else net.no_sync(), self._autocast():
@@ -355,25 +346,23 @@ class Trainer:
             step_loss = torch.stack(losses).float().mean()
             if self.env.world > 1:
                 dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
-            loss_value = step_loss.item()  # waits for the device: step_time is honest on CUDA
+            pending.append(step_loss)
             compute += time.perf_counter() - t2
             state["step"] += 1
-            for k, v in (
-                ("loss", loss_value),
-                ("data_time", data_time),
-                ("step_time", compute),
-                ("samples", samples),
-            ):
+            state["epoch"], state["position"] = epoch, position + 1  # the batch consumed last
+            for k, v in (("data_time", data_time), ("step_time", compute), ("samples", samples)):
                 history[k].append(v)
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"[{c.task}] loss is {loss_value} at step {state['step']}")
-            if state["step"] % t.log_every == 0 or state["step"] == t.steps:
+            log_now = state["step"] % t.log_every == 0 or state["step"] == t.steps
+            save_now = state["step"] % t.checkpoint_every == 0 or state["step"] == t.steps
+            if log_now or save_now:
+                self._read_back(pending, history, feed, state["step"])
+            if log_now:
                 self.log(self._log_line(state["step"], history, t.log_every))
             if t.release_every and state["step"] % t.release_every == 0:
                 gc.collect()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-            if state["step"] % t.checkpoint_every == 0 or state["step"] == t.steps:
+            if save_now:
                 self._save(model, optimizer, state)
 
         eval_after = self._evaluate(model, eval_batches) if self.env.main else {}
@@ -391,7 +380,7 @@ class Trainer:
             checkpoint=str(self.checkpoint_path),
             data=data_fingerprint(dataset),
             config=c.model_dump(),
-            loader=plan.reasons,
+            loader=feed.reasons,
             resumed_from=resumed_from,
             peak_memory_mb=(
                 torch.cuda.max_memory_allocated(self.device) / 2**20
@@ -403,6 +392,29 @@ class Trainer:
             self._write_report(result)
         self.log(f"[{c.task}] eval before {eval_before} -> after {eval_after}")
         return result
+
+    def _read_back(
+        self, pending: list[torch.Tensor], history: dict[str, list[float]], feed: Feed, step: int
+    ) -> None:
+        """Read the pending step losses back in one synchronisation, and move the device's
+        waits for data (CUDA events) from the steps' compute time to their data time."""
+        t0 = time.perf_counter()
+        values = torch.stack(pending).tolist()
+        history["step_time"][-1] += time.perf_counter() - t0  # the device work run ahead
+        first = step - len(pending) + 1
+        pending.clear()
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                task = self.config.task
+                raise FloatingPointError(f"[{task}] loss is {value} at step {first + i}")
+        history["loss"] += values
+        waits = feed.device_waits()
+        per_step = self.config.train.accumulate
+        for i in range(len(waits) // per_step):
+            row = len(history["step_time"]) - len(waits) // per_step + i
+            moved = min(sum(waits[i * per_step : (i + 1) * per_step]), history["step_time"][row])
+            history["data_time"][row] += moved
+            history["step_time"][row] -= moved
 
     def _log_line(self, step: int, history: dict[str, list[float]], window: int) -> str:
         """The training log line, over the last ``window`` steps: progress, loss, where the

@@ -96,6 +96,11 @@ class StoreDataset(Dataset):
         """
         self._epoch[0] = epoch
 
+    def own_epoch(self) -> None:
+        """Give this process an epoch of its own, no longer shared with the other workers:
+        a worker that is handed each batch's epoch sets it without changing its siblings'."""
+        self._epoch = self._epoch.clone()
+
     def rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.epoch, index])
 

@@ -139,9 +139,11 @@ def plan_loader(
     train: bool = True,
     context: str = "forkserver",
     in_flight_bytes: int = 0,
+    pin_memory: bool | None = None,
 ) -> LoaderPlan:
     """Resolve ``workers`` ("auto", "cpu*0.9", N) against this machine and dataset;
-    ``in_flight_bytes`` (when set) bounds the shared memory of the batches in flight."""
+    ``in_flight_bytes`` (when set) bounds the shared memory of the batches in flight;
+    ``pin_memory``: whether batches go to a CUDA device (None: whether CUDA is present)."""
     cpus, how = usable_cpus()
     world = local_world_size()
     reasons = [f"CPUs usable: {cpus} ({how}); local world size: {world}"]
@@ -194,9 +196,16 @@ def plan_loader(
                 f"prefetch_factor {fit}: batches in flight kept within "
                 f"{in_flight_bytes / 1e6:.1f} MB of shared memory"
             )
-    cuda = torch.cuda.is_available()
-    reasons.append("pinned memory: " + ("on (CUDA present)" if cuda else "off (no CUDA)"))
-    return LoaderPlan(n, prefetch if n else None, cuda, n > 0, context if n else None, reasons)
+    if pin_memory is None:
+        pin = torch.cuda.is_available()
+        reasons.append("pinned memory: " + ("on (CUDA present)" if pin else "off (no CUDA)"))
+    else:
+        pin = pin_memory
+        reasons.append(
+            "pinned memory: "
+            + ("on (training on CUDA)" if pin else "off (the training device is not CUDA)")
+        )
+    return LoaderPlan(n, prefetch if n else None, pin, n > 0, context if n else None, reasons)
 
 
 def make_loader(
@@ -214,13 +223,16 @@ def make_loader(
     name: str = "train",
     order: str = "auto",
     seed: int = 0,
+    batch_sampler: Sampler | None = None,
+    pin_memory: bool | None = None,
 ) -> tuple[DataLoader, LoaderPlan]:
     """A DataLoader over ``dataset`` with a planned configuration.
 
     When the dataset fits its cache budget it is preloaded (``preload="auto"``) and shuffled
     whole; when it does not, a :class:`~zarrfeed.training.data.sampler.BlockSampler` keeps
     the working set inside the cache (``order``: "auto", "block" or "random"; ignored when a
-    ``sampler`` is given).
+    ``sampler`` or a ``batch_sampler`` is given).  ``pin_memory``: whether the batches go to
+    a CUDA device (None: whether CUDA is present).
     """
     collate_fn = collate_fn or getattr(dataset, "collate", None)
     cache = getattr(dataset, "cache", None)
@@ -244,7 +256,10 @@ def make_loader(
     if order not in ("auto", "block", "random"):
         raise ValueError(f"order must be 'auto', 'block' or 'random', got {order!r}")
     beyond_ram = cache is not None and not cache.in_ram
-    if sampler is None and shuffle and (order == "block" or (order == "auto" and beyond_ram)):
+    if batch_sampler is not None:
+        if hasattr(batch_sampler, "reason"):
+            notes.append(f"sampler: {batch_sampler.reason}")
+    elif sampler is None and shuffle and (order == "block" or (order == "auto" and beyond_ram)):
         sampler = make_sampler(dataset, order, seed=seed)
     elif sampler is None and shuffle:
         notes.append("sampler: shuffled over the whole dataset, a new order every epoch")
@@ -252,17 +267,24 @@ def make_loader(
         notes.append(f"sampler: {sampler.reason}")
     sample = sample_bytes(dataset[0]) if len(dataset) else 0
     in_flight = int(IN_FLIGHT_SHARE * budget) if beyond_ram else 0
-    plan = plan_loader(len(dataset), batch_size, workers, sample, budget, train, context, in_flight)
-    plan.reasons += notes
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=False if sampler is not None else shuffle,
-        sampler=sampler,
-        collate_fn=collate_fn,
-        drop_last=drop_last,
-        **plan.kwargs(),
+    plan = plan_loader(
+        len(dataset), batch_size, workers, sample, budget, train, context, in_flight, pin_memory
     )
+    plan.reasons += notes
+    if batch_sampler is not None:
+        loader = DataLoader(
+            dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, **plan.kwargs()
+        )
+    else:
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=False if sampler is not None else shuffle,
+            sampler=sampler,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
+            **plan.kwargs(),
+        )
     if log:
         log(plan.log_block(name))
     return loader, plan

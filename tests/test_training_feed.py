@@ -1,0 +1,205 @@
+"""The pipelined feed and the device cache tier, on the CPU (the device set to ``cpu``): the
+same batches in every mode, exact resume, the slot pool within its budget, and no stall at an
+epoch boundary."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from test_training_cache import PATCH, build_ct, expected
+from torch.utils.data import Dataset
+
+from zarrfeed.training import CTPatchDataset
+from zarrfeed.training.data.device import DeviceSlots, plan_device
+from zarrfeed.training.data.feed import EpochChain, EpochIndexed, Feed, LoaderKeys, make_feed
+from zarrfeed.training.data.sampler import ResumableSampler
+from zarrfeed.training.trainer import train
+
+CPU = torch.device("cpu")
+UNIT = 64**3 * 2  # the store's cache unit: one 64³ float16 chunk
+BATCH = 2  # a batch of 32³ patches overlaps at most 2 x 8 units
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    # 8 scans of 2 x 2 x 3 units (the last ones partial): 96 units
+    return build_ct(tmp_path_factory.mktemp("feed") / "store.zarr", shape=(96, 128, 160))
+
+
+def feed_of(ds: CTPatchDataset, mode: str, order: str, workers: int = 0) -> Feed:
+    """``mode``: "loader" (the DataLoader path), "volumes" or "slots" (a pool of a sixth of
+    the dataset's units)."""
+    gb = {"loader": None, "volumes": 1.0, "slots": 16 * UNIT / (1 << 30)}[mode]
+    return make_feed(
+        ds, BATCH, CPU, workers=workers, order=order, device_cache="off" if gb is None else "on",
+        device_cache_gb=gb, seed=5, log=None, context="forkserver",
+    )  # fmt: skip
+
+
+def take(feed: Feed, n: int, start: tuple[int, int] = (0, 0)) -> list[tuple[tuple, dict]]:
+    feed.begin(*start)
+    try:
+        return [feed.next() for _ in range(n)]
+    finally:
+        feed.close()
+
+
+def same(a: list[tuple[tuple, dict]], b: list[tuple[tuple, dict]]) -> None:
+    assert [tag for tag, _ in a] == [tag for tag, _ in b]
+    for (tag, x), (_, y) in zip(a, b, strict=True):
+        assert sorted(x) == sorted(y), tag
+        for k in x:
+            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), (tag, k)
+
+
+@pytest.mark.parametrize("order", ["random", "block"])
+def test_every_mode_gives_the_same_batches_in_the_same_order(store, order):
+    ds = CTPatchDataset(store, cache_gb=1)
+    per_epoch = len(ds) // BATCH
+    n = per_epoch + 6  # across an epoch boundary
+    runs = {mode: take(feed_of(ds, mode, order), n) for mode in ("loader", "volumes", "slots")}
+    assert runs["loader"][per_epoch][0] == (1, 0)
+    for mode in ("volumes", "slots"):
+        same(runs["loader"], runs[mode])
+    for _, batch in runs["slots"]:
+        image = batch["image"]
+        assert image.shape == (BATCH, 1, PATCH, PATCH, PATCH) and image.dtype == torch.float16
+    if order == "random":  # and they are the right patches: each voxel says where it is from
+        for row, index in enumerate(list(ResumableSampler(len(ds), seed=5))[: 3 * BATCH]):
+            image = runs["slots"][row // BATCH][1]["image"][row % BATCH, 0]
+            np.testing.assert_array_equal(image.numpy(), expected(ds, index))
+    # an epoch is every sample once (the first epoch's batches)
+    epoch0 = np.concatenate([b["item"].numpy() for _, b in runs["loader"][:per_epoch]])
+    assert np.array_equal(np.sort(epoch0), np.sort(ds.items.astype(np.int64)))
+
+
+@pytest.mark.parametrize("mode", ["loader", "slots"])
+def test_resume_mid_epoch_and_at_its_end_is_exact(store, mode):
+    ds = CTPatchDataset(store, cache_gb=1)
+    per_epoch = len(ds) // BATCH
+    workers = 1 if mode == "loader" else 0  # one persistent worker process across epochs
+    whole = take(feed_of(ds, mode, "auto", workers), per_epoch + 4)
+    same(take(feed_of(ds, mode, "auto", workers), 10, (0, 30)), whole[30:40])
+    # a checkpoint taken after an epoch's last batch records (epoch, per_epoch)
+    same(take(feed_of(ds, mode, "auto"), 4, (0, per_epoch)), whole[per_epoch:])
+
+
+def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
+    ds = CTPatchDataset(store, cache_gb=1)
+    budget = 16 * UNIT + UNIT // 2  # a sixth of the dataset's 96 units (not a slot more)
+    pool = DeviceSlots(ds, CPU, budget, BATCH)
+    assert pool.slots == 16 and pool.nbytes() <= budget
+    storage = pool.pool.untyped_storage().nbytes()
+    order = np.random.default_rng(0).permutation(len(ds))
+    for start in range(0, len(order) - BATCH + 1, BATCH):
+        indices = order[start : start + BATCH]
+        got = pool.batch(indices)
+        for row, index in enumerate(indices):
+            np.testing.assert_array_equal(got["image"][row, 0].numpy(), expected(ds, int(index)))
+    stats = pool.stats
+    assert stats.evictions > 0 and stats.uploads > pool.slots  # the pool did cycle
+    assert max(stats.history) <= pool.slots and pool.resident() <= pool.slots
+    assert pool.pool.untyped_storage().nbytes() == storage <= budget  # nothing grew
+    assert stats.hits > 0  # units shared by consecutive batches were not uploaded twice
+    with pytest.raises(ValueError, match="a batch may need 16"):
+        DeviceSlots(ds, CPU, 15 * UNIT, BATCH)
+    plan = plan_device(ds, CPU, "on", BATCH, 15 * UNIT / (1 << 30))
+    assert plan.tier == "off" and "a batch may need" in plan.reasons[0]
+    assert plan_device(ds, CPU, "auto", BATCH).tier == "off"  # auto: CUDA only
+
+
+@pytest.mark.parametrize("mode", ["loader", "volumes"])
+def test_the_next_epoch_is_ready_before_a_slow_step_ends(store, mode):
+    ds = CTPatchDataset(store, cache_gb=1)
+    feed = make_feed(
+        ds, 32, CPU, workers=1 if mode == "loader" else 0, order="random",
+        device_cache="off" if mode == "loader" else "on", device_cache_gb=1.0, log=None,
+    )  # fmt: skip
+    assert feed.per_epoch == 4
+    feed.begin(0, 0)
+    try:
+        tags = [feed.next()[0] for _ in range(4)]
+        assert tags == [(0, p) for p in range(4)]
+        # a slow step on epoch 0's last batch: the feed crosses the boundary meanwhile
+        deadline = time.monotonic() + 10
+        while (1, 0) not in feed.ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert feed.ready()[:1] == [(1, 0)], feed.ready()
+        t0 = time.perf_counter()
+        assert feed.next()[0] == (1, 0)
+        assert time.perf_counter() - t0 < 0.05  # taken, not waited for
+    finally:
+        feed.close()
+
+
+class EpochProbe(Dataset):
+    """Reports the epoch it saw for each sample (slowly, so workers overlap epochs)."""
+
+    def __init__(self) -> None:
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return 8
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch[0] = epoch
+
+    def own_epoch(self) -> None:
+        self._epoch = self._epoch.clone()
+
+    def __getitem__(self, index: int) -> dict:
+        time.sleep(0.01)
+        return {"epoch": int(self._epoch[0]), "item": index}
+
+
+def test_each_batch_reads_its_own_epoch_in_workers_running_ahead():
+    chain = EpochChain(ResumableSampler(8, seed=1), 2)
+    keys = LoaderKeys(chain)
+    loader = torch.utils.data.DataLoader(
+        EpochIndexed(EpochProbe()), batch_sampler=keys, num_workers=2, prefetch_factor=4,
+        persistent_workers=True, multiprocessing_context="fork",
+    )  # fmt: skip
+
+    def produce(start):
+        keys.start = start
+        for batch in loader:
+            yield keys.tags.popleft(), batch
+
+    feed = Feed(produce, CPU, chain.per_epoch, depth=4)
+    got = take(feed, 4 * 3, (0, 2))
+    assert [tag for tag, _ in got][:3] == [(0, 2), (0, 3), (1, 0)]
+    for (epoch, _), batch in got:
+        assert batch["epoch"].tolist() == [epoch, epoch]
+
+
+def test_a_producer_error_reaches_the_training_loop(store):
+    ds = CTPatchDataset(store, cache_gb=1)
+    feed = feed_of(ds, "volumes", "random")
+    ds.origins = ds.origins[:0]  # every index now fails inside the producer thread
+    feed.begin(0, 0)
+    with pytest.raises(IndexError):
+        feed.next()
+    feed.close()
+
+
+def test_training_through_the_slot_pool_matches_the_loader(built, tmp_path):
+    from test_training import config
+
+    def run(where: str, **loader) -> tuple[list[float], list[str]]:
+        lines: list[str] = []
+        cfg = config(built, tmp_path / where, "ct_classifier", steps=4, amp="off", log_every=2)
+        cfg.dataloader = cfg.dataloader.model_copy(update=loader)
+        return train(cfg, log=lines.append).history, lines
+
+    ds = CTPatchDataset(built[0], cache_gb=1)
+    g = ds.cache.groups[ds.asset, ds.window]
+    unit = int(np.prod(g.units[0])) * 2
+    gb = max(ds.nbytes() / 2, 4 * 8 * unit) / (1 << 30)  # a batch of 4, at most 8 units each
+    pooled, lines = run("pool", device_cache="on", device_cache_gb=gb, sampler="random")
+    assert any("slots of" in s and "units on cpu" in s for s in lines), lines
+    loaded, _ = run("loader", device_cache="off", sampler="random")
+    np.testing.assert_allclose(pooled["loss"], loaded["loss"], rtol=1e-5)
+    assert pooled["samples"] == loaded["samples"] and len(pooled["loss"]) == 4
