@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from zarrfeed.training.data.sampler import make_sampler
+from zarrfeed.training.data.start import start_method
 
 WORKER_OVERHEAD_BYTES = 300 << 20  # interpreter + torch + zarr per worker, measured ~250 MB
 # Out of core, batches in flight live in shared memory beside the cache: they may add this
@@ -209,7 +210,7 @@ def make_loader(
     sampler: Sampler | None = None,
     drop_last: bool = False,
     train: bool = True,
-    context: str = "forkserver",
+    context: str = "auto",
     log: Callable[[str], None] | None = print,
     name: str = "train",
     order: str = "auto",
@@ -220,7 +221,8 @@ def make_loader(
     When the dataset fits its cache budget it is preloaded (``preload="auto"``) and shuffled
     whole; when it does not, a :class:`~zarrfeed.training.data.sampler.BlockSampler` keeps
     the working set inside the cache (``order``: "auto", "block" or "random"; ignored when a
-    ``sampler`` is given).
+    ``sampler`` is given).  ``context`` is the workers' start method; "auto" picks one that
+    works where this is called (see :func:`~zarrfeed.training.data.start.start_method`).
     """
     collate_fn = collate_fn or getattr(dataset, "collate", None)
     cache = getattr(dataset, "cache", None)
@@ -253,6 +255,9 @@ def make_loader(
     sample = sample_bytes(dataset[0]) if len(dataset) else 0
     in_flight = int(IN_FLIGHT_SHARE * budget) if beyond_ram else 0
     plan = plan_loader(len(dataset), batch_size, workers, sample, budget, train, context, in_flight)
+    if plan.num_workers:
+        plan.context, why = start_method(context, dataset)
+        notes.append(f"start method: {why}")
     plan.reasons += notes
     loader = DataLoader(
         dataset,
