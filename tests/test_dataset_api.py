@@ -19,6 +19,7 @@ from zarrfeed.training import (
     ImagePatchDataset,
     SparsePointsDataset,
     SpikeClipDataset,
+    collate_batch,
     collate_points,
     make_loader,
 )
@@ -47,6 +48,17 @@ def test_a_plain_dataloader_batch_equals_the_fast_path(built):
     same(plain, next(iter(loader)))
     same(plain, default_collate([ds[i] for i in range(8)]))
     assert plain["image"].shape == (8, 1, *ds.patch_shape) and plain["labels"].shape[0] == 8
+    learned = DataLoader(
+        ds, batch_size=8, num_workers=1, collate_fn=collate_and_say_if_shared,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    shared = [was for _, (_, was) in zip(range(3), learned, strict=False)]
+    assert shared == [False, True, True]  # then read straight into what crosses processes
+
+
+def collate_and_say_if_shared(samples: list[dict]) -> tuple[dict, bool]:
+    """ds.collate, and whether the batch buffer was in shared memory before it."""
+    return collate_batch(samples), samples[0]["image"].is_shared()
 
 
 def test_every_dataset_batches_in_a_plain_dataloader(built):

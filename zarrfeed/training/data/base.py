@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
@@ -44,6 +44,11 @@ def collate_batch(batch: list[Any]) -> Any:
         values = [b[key] for b in batch]
         rows = _rows_of_one_buffer(values)
         out[key] = rows if rows is not None else default_collate(values)
+        reader = getattr(get_worker_info(), "dataset", None)  # None outside a worker
+        if rows is not None and not rows.is_shared() and hasattr(reader, "shared_batches"):
+            # This buffer crosses to the main process by a copy into shared memory: have the
+            # worker's next batches read straight into shared memory instead.
+            reader.shared_batches = True
     return out
 
 
@@ -106,6 +111,10 @@ class StoreDataset(Dataset):
             self.url, self.storage_options = str(store), None
         self.seed, self.budget_bytes = seed, int(cache_gb * GB)
         self.transform = transform
+        # Whether a worker's batched reads go straight into shared memory: worth it only when
+        # collate_batch hands the buffer on (default_collate copies it anyway), so each
+        # worker's collate_batch turns it on at its first batch.
+        self.shared_batches = False
         # Shared with the workers (persistent ones too): set_epoch reaches them.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._store: ZarrStore | None = None

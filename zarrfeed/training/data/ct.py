@@ -127,8 +127,8 @@ class CTPatchDataset(StoreDataset):
         dtype = self.cache.groups[self.asset, self.window].dtype
         image = torch.empty((len(idx), 1, *self.patch_shape), dtype=_TORCH_DTYPES[dtype.str[1:]])
         worker = get_worker_info() is not None
-        if worker:  # built straight into what is sent to the main process
-            image.share_memory_()  # (in the main process itself, plain memory)
+        if worker and self.shared_batches:  # built straight into what goes to the main process
+            image.share_memory_()  # (default_collate would copy it into shared memory again)
         out = image.numpy()
         requests = [
             (self.asset, item, self.window, self._region(origin), out[row, 0])
