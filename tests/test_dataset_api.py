@@ -249,3 +249,23 @@ def test_patch_samplers_repeat_exactly_for_a_seed(phantom_store):
         assert not np.array_equal(a.patch_origins(index), first)  # a new epoch, new patches
     with pytest.raises(ValueError, match="patch_sampler must be one of"):
         CTPatchDataset(phantom_store, cache_gb=0.05, patch_sampler="random")
+
+
+def test_torchio_random_transforms_repeat_per_seed_epoch_and_index(phantom_store):
+    import torchio as tio
+
+    noise = tio.RandomNoise(std=0.5, include=["image"])  # draws from torch's generator
+
+    def run(seed: int, epoch: int) -> list[torch.Tensor]:
+        ds = CTPatchDataset(phantom_store, cache_gb=0.05, transform=noise, seed=seed)
+        ds.set_epoch(epoch)
+        return [ds[i]["image"] for i in range(4)]
+
+    torch.manual_seed(0)
+    first = run(1, 0)
+    after = torch.rand(1)
+    torch.manual_seed(0)
+    assert all(torch.equal(a, b) for a, b in zip(first, run(1, 0), strict=True))
+    assert torch.equal(torch.rand(1), after)  # the caller's generator is left as it was
+    assert not any(torch.equal(a, b) for a, b in zip(first, run(1, 1), strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(first, run(2, 0), strict=True))

@@ -186,7 +186,14 @@ class StoreDataset(Dataset):
         """``sample`` through the transform, seeded for (seed, epoch, index)."""
         if self.transform is None:
             return sample
-        return plain(seeded_call(self.transform, sample, self.rng(index, TRANSFORM_STREAM)))
+        out = seeded_call(self.transform, sample, self.rng(index, TRANSFORM_STREAM))
+        if not isinstance(out, dict):
+            raise TypeError(
+                f"transform {self.transform!r} returned a {type(out).__name__}, not the sample "
+                "dict (a transform that makes several samples, such as MONAI's num_samples > 1, "
+                "does not fit one index)"
+            )
+        return plain(out)
 
     def shape_of(self, item: int, name: str) -> tuple[int, ...]:
         return tuple(self.partitions[item]["arrays"][name]["shape"])

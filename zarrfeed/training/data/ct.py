@@ -58,6 +58,8 @@ class CTPatchDataset(StoreDataset):
                 "data.window to one of them, or add the window to ct_settings.windows and "
                 "rebuild)"
             )
+        if not patch and patch_sampler != "stored":
+            raise ValueError(f"patch_sampler={patch_sampler!r} places patches: set patch=True")
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
@@ -107,9 +109,9 @@ class CTPatchDataset(StoreDataset):
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
         """A batch of samples, read at once: each patch is copied once, from the shared
-        cache into its row of one batch tensor (in shared memory in a worker, so handing it
-        to the main process copies nothing), where one ``__getitem__`` per sample copies it
-        into a tensor of its own first.  Equal to ``[self[i] for i in indices]``."""
+        cache into its row of one batch tensor (in a worker whose collate is
+        :func:`collate_batch`, a tensor in shared memory, so handing it to the main process
+        copies nothing more).  Equal to ``[self[i] for i in indices]``."""
         if not self.patch:
             return [self[i] for i in indices]
         batch = self.guarded(int(indices[0]), lambda: self._read_batch(indices))

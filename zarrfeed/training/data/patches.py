@@ -13,6 +13,7 @@ occupancy as the probability map.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,7 @@ class ForegroundPatches(PatchSampler):
 
     def bind(self, dataset: Any) -> None:
         super().bind(dataset)
+        self._cells = {}
         if CT_SPARSE.path not in dataset.manifest_assets:
             raise StoreError(
                 f"{dataset.url}: the {dataset.dataset} manifest has no {CT_SPARSE.path}: "
@@ -156,9 +158,9 @@ PATCH_SAMPLERS: dict[str, type[PatchSampler]] = {
 
 
 def make_patch_sampler(spec: str | PatchSampler) -> PatchSampler:
-    """A sampler from its name ("stored", "uniform", "foreground") or the sampler itself."""
+    """A sampler from its name ("stored", "uniform", "foreground"), or a copy of a sampler."""
     if isinstance(spec, PatchSampler):
-        return spec
+        return copy.copy(spec)  # binding it to a dataset leaves the caller's object as it was
     if spec not in PATCH_SAMPLERS:
         raise ValueError(f"patch_sampler must be one of {sorted(PATCH_SAMPLERS)}, got {spec!r}")
     return PATCH_SAMPLERS[spec]()
