@@ -103,7 +103,7 @@ def test_device_cache_cuts_the_loader_batches_and_trains_alike(built, tmp_path):
     held = DevicePatches(ds, torch.device("cpu"))
     assert held.nbytes() == ds.nbytes()
     order = np.random.default_rng(0).permutation(len(ds))[:6]
-    want, got = ds.__getitems__(list(order)), held.batch(order)
+    want, got = ds.collate(ds.__getitems__(list(order))), held.batch(order)
     assert sorted(got) == sorted(want)
     for k in want:
         assert torch.equal(got[k], want[k]) or torch.allclose(got[k], want[k], equal_nan=True), k

@@ -73,7 +73,7 @@ def test_beyond_ram_reads_equal_the_store_and_decode_only_what_patches_touch(ct_
     ds.cache.clear()
     for i in (0, 7, 50, len(ds) - 1):
         np.testing.assert_array_equal(ds[i]["image"][0].numpy(), expected(ds, i))
-    batch = ds.__getitems__(list(range(0, 40, 5)))
+    batch = ds.collate(ds.__getitems__(list(range(0, 40, 5))))
     for row, i in enumerate(range(0, 40, 5)):
         np.testing.assert_array_equal(batch["image"][row, 0].numpy(), expected(ds, i))
     stats = ds.cache.stats()
@@ -141,7 +141,7 @@ def _hammer(url: str, budget_gb: float, seed: int, seconds: float, ordered: bool
     rng, reads, end = np.random.default_rng(seed), 0, time.monotonic() + seconds
     while time.monotonic() < end:
         picks = rng.integers(0, len(ds), 4).tolist()
-        batch = ds.__getitems__(picks)
+        batch = ds.collate(ds.__getitems__(picks))
         for row, i in enumerate(picks):
             if not np.array_equal(batch["image"][row, 0].numpy(), expected(ds, i)):
                 raise AssertionError(f"wrong bytes for sample {i} in process {os.getpid()}")

@@ -35,6 +35,12 @@ class DataConfig(Section):
 
     window: str = Field("lung", description="CT window (ct_classifier, sparse_autoencoder)")
     patch: bool = Field(True, description="CT patches from the patch index, else whole volumes")
+    patch_sampler: Literal["stored", "uniform", "foreground"] = Field(
+        "stored",
+        description="where CT patches are cut in their volume: the stored patch index "
+        "(mostly body), anywhere (uniform), or centred on the stored occupancy of the window "
+        "(foreground)",
+    )
     max_points: int = Field(
         1 << 20, description="points per scan before rebuilding the occupancy grid"
     )
@@ -54,7 +60,11 @@ class LoaderConfig(Section):
     workers: str = Field(
         "auto", description="loader processes in all: 'auto', 'cpu*0.9' or an integer"
     )
-    context: Literal["fork", "forkserver", "spawn"] = "forkserver"
+    context: Literal["auto", "fork", "forkserver", "spawn"] = Field(
+        "auto",
+        description="worker start method; auto: forkserver, or fork where forkserver workers "
+        "would re-run the calling script or miss what it defines",
+    )
     preload: Literal["auto", "always", "never"] = "auto"
     sampler: Literal["auto", "block", "random"] = Field(
         "auto",

@@ -72,7 +72,12 @@ class CTClassification(Task):
     def dataset(self) -> CTPatchDataset:
         d = self.config.data
         ds = CTPatchDataset(
-            self.config.store, d.window, d.patch, cache_gb=d.cache_gb, seed=self.config.seed
+            self.config.store,
+            d.window,
+            d.patch,
+            cache_gb=d.cache_gb,
+            seed=self.config.seed,
+            patch_sampler=d.patch_sampler,
         )
         if ds.labels is None:
             raise StoreError(

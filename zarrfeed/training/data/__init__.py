@@ -6,6 +6,12 @@ from zarrfeed.training.data.base import GB, StoreDataset, collate_batch
 from zarrfeed.training.data.ct import CTPatchDataset, SparsePointsDataset, collate_points
 from zarrfeed.training.data.images import ImagePatchDataset
 from zarrfeed.training.data.loader import LoaderPlan, make_loader, plan_loader
+from zarrfeed.training.data.patches import (
+    ForegroundPatches,
+    PatchSampler,
+    StoredPatches,
+    UniformPatches,
+)
 from zarrfeed.training.data.reader import CachedArrays
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
 from zarrfeed.training.data.spike import SpikeClipDataset
@@ -17,13 +23,17 @@ __all__ = [
     "CTPatchDataset",
     "CachedArrays",
     "Fill",
+    "ForegroundPatches",
     "ImagePatchDataset",
     "LoaderPlan",
+    "PatchSampler",
     "ResumableSampler",
     "SharedArrayCache",
     "SparsePointsDataset",
     "SpikeClipDataset",
     "StoreDataset",
+    "StoredPatches",
+    "UniformPatches",
     "autotune",
     "collate_batch",
     "collate_points",

@@ -1,5 +1,12 @@
 """What every zarrfeed Dataset shares: the manifest it reads, the store opened lazily in each
-process, the shared decoded-array cache, and what the block sampler needs to know.
+process, the shared decoded-array cache, the optional sample transform, and what the block
+sampler needs to know.
+
+A sample is a dict of tensors (and ints) that ``torch.utils.data.default_collate`` batches, so
+a plain ``DataLoader`` works.  Datasets with a batched read return from ``__getitems__`` a list
+of such samples whose tensors are rows of one batch buffer; :func:`collate_batch` hands that
+buffer on without copying it (``make_loader`` passes it), where ``default_collate`` would copy
+it once more.
 
 Every index is a handful of flat numpy arrays built from the dataset manifests and the
 consolidated tables that the ``datasets`` assets write (no per-sample Python objects, which
@@ -10,39 +17,104 @@ spawned workers and survive fork after the parent has read the store.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.data.reader import CachedArrays, Region
 
 GB = 1 << 30
+TRANSFORM_STREAM = 1  # rng stream of the transforms (0: crops and defects)
 
 
-def collate_batch(batch: Any) -> Any:
-    """Collate for datasets whose ``__getitems__`` already returns a collated batch."""
-    return batch if isinstance(batch, dict) else default_collate(batch)
+def collate_batch(batch: list[Any]) -> Any:
+    """``default_collate``, except that tensors which are the consecutive rows of one buffer
+    (what a batched ``__getitems__`` returns) come back as that buffer, without a copy."""
+    if not batch or not all(isinstance(b, dict) for b in batch):
+        return default_collate(batch)
+    out = {}
+    for key in batch[0]:
+        values = [b[key] for b in batch]
+        rows = _rows_of_one_buffer(values)
+        out[key] = rows if rows is not None else default_collate(values)
+        reader = getattr(get_worker_info(), "dataset", None)  # None outside a worker
+        if rows is not None and not rows.is_shared() and hasattr(reader, "shared_batches"):
+            # This buffer crosses to the main process by a copy into shared memory: have the
+            # worker's next batches read straight into shared memory instead.
+            reader.shared_batches = True
+    return out
+
+
+def _rows_of_one_buffer(values: list[Any]) -> torch.Tensor | None:
+    """The (N, ...) tensor whose rows ``values`` are, in order, or None."""
+    first = values[0]
+    if type(first) is not torch.Tensor or not first.is_contiguous() or not first.numel():
+        return None
+    storage, start, step = first.untyped_storage(), first.storage_offset(), first.numel()
+    for row, v in enumerate(values):
+        if not (
+            type(v) is torch.Tensor
+            and v.untyped_storage().data_ptr() == storage.data_ptr()
+            and v.storage_offset() == start + row * step
+            and v.shape == first.shape
+            and v.dtype == first.dtype
+            and v.is_contiguous()
+        ):
+            return None
+    return first.new_empty(0).set_(storage, start, (len(values), *first.shape))
+
+
+def plain(value: Any) -> Any:
+    """Tensors as plain ``torch.Tensor`` (MONAI returns its ``MetaTensor``), numpy arrays as
+    tensors, recursively: what ``default_collate`` and pinning handle the same way."""
+    if isinstance(value, torch.Tensor):
+        return value if type(value) is torch.Tensor else value.as_subclass(torch.Tensor)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
 
 
 class StoreDataset(Dataset):
-    """Lazily opened store + shared cache; subclasses define the index and ``__getitem__``."""
+    """Lazily opened store + shared cache; subclasses define the index and :meth:`load`.
+
+    ``transform`` (a callable on the sample dict: MONAI or TorchIO dictionary transforms, a
+    ``Compose`` of them, any function) runs on every sample after it is cut from the cache.
+    A sample never shares memory with the cache (every read copies), so a transform that
+    works in place cannot corrupt it.  Random transforms are seeded per (seed, epoch, index):
+    MONAI's through ``set_random_state``, others through torch's, numpy's and Python's
+    global generators, saved and restored around the call.
+    """
 
     dataset: str = ""
     asset: str = ""  # the asset whose arrays are cached
 
-    def __init__(self, store: str | ZarrStore, cache_gb: float = 2.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        store: str | ZarrStore,
+        cache_gb: float = 2.0,
+        seed: int = 0,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         if isinstance(store, ZarrStore):
             self.url = store.url
             self.storage_options = getattr(store.backend, "storage_options", None)
         else:
             self.url, self.storage_options = str(store), None
         self.seed, self.budget_bytes = seed, int(cache_gb * GB)
+        self.transform = transform
+        # Whether a worker's batched reads go straight into shared memory: worth it only when
+        # collate_batch hands the buffer on (default_collate copies it anyway), so each
+        # worker's collate_batch turns it on at its first batch.
+        self.shared_batches = False
         # Shared with the workers (persistent ones too): set_epoch reaches them.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._store: ZarrStore | None = None
@@ -101,8 +173,32 @@ class StoreDataset(Dataset):
         a worker that is handed each batch's epoch sets it without changing its siblings'."""
         self._epoch = self._epoch.clone()
 
-    def rng(self, index: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.epoch, index])
+    def rng(self, index: int, stream: int = 0) -> np.random.Generator:
+        """The generator of sample ``index`` this epoch; ``stream`` tells independent uses of
+        it apart (crops, patch placement, transforms)."""
+        key = [self.seed, self.epoch, index] + ([stream] if stream else [])
+        return np.random.default_rng(key)
+
+    # samples --------------------------------------------------------------------------------
+    def load(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` before the transform: a dict of new tensors (and ints)."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.guarded(index, lambda: self.finish(index, self.load(index)))
+
+    def finish(self, index: int, sample: dict[str, Any]) -> dict[str, Any]:
+        """``sample`` through the transform, seeded for (seed, epoch, index)."""
+        if self.transform is None:
+            return sample
+        out = seeded_call(self.transform, sample, self.rng(index, TRANSFORM_STREAM))
+        if not isinstance(out, dict):
+            raise TypeError(
+                f"transform {self.transform!r} returned a {type(out).__name__}, not the sample "
+                "dict (a transform that makes several samples, such as MONAI's num_samples > 1, "
+                "does not fit one index)"
+            )
+        return plain(out)
 
     def shape_of(self, item: int, name: str) -> tuple[int, ...]:
         return tuple(self.partitions[item]["arrays"][name]["shape"])
@@ -151,7 +247,7 @@ class StoreDataset(Dataset):
         )
         return units.astype(np.int64) * self.cache.unit_bytes
 
-    def guarded(self, index: int, fn: Callable[[], dict]) -> dict:
+    def guarded(self, index: int, fn: Callable[[], Any]) -> Any:
         """Run ``fn``, naming the partition being read when it fails (in a worker too)."""
         try:
             return fn()
@@ -159,3 +255,26 @@ class StoreDataset(Dataset):
             raise RuntimeError(
                 f"{type(self).__name__}[{index}] failed reading {self.asset} of {self.url}: {exc}"
             ) from exc
+
+
+def seeded_call(transform: Callable[[Any], Any], sample: Any, rng: np.random.Generator) -> Any:
+    """``transform(sample)`` with its randomness drawn from ``rng`` alone.
+
+    MONAI transforms (and their ``Compose``) carry their own generators, reseeded through
+    ``set_random_state``; torch's, numpy's and Python's global generators (TorchIO draws from
+    torch's) are seeded too, and restored afterwards so the caller's sequence is untouched.
+    """
+    seeds = rng.integers(0, 2**31, size=3)
+    if hasattr(transform, "set_random_state"):
+        transform.set_random_state(seed=int(seeds[0]))
+    # Other libraries' transforms draw from numpy's legacy global generator: seed that one.
+    state = random.getstate(), np.random.get_state()  # noqa: NPY002
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seeds[1]))
+        np.random.seed(int(seeds[2]))  # noqa: NPY002
+        random.seed(int(seeds[2]))
+        try:
+            return transform(sample)
+        finally:
+            random.setstate(state[0])
+            np.random.set_state(state[1])  # noqa: NPY002

@@ -3,17 +3,19 @@ occupied-voxel coordinates of the sparse indices."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
 from zarrfeed.training.data.base import StoreDataset, collate_batch
+from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
 from zarrfeed.transforms.sparse import sample_points
 
 _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
@@ -22,12 +24,16 @@ _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i
 class CTPatchDataset(StoreDataset):
     """Windowed CT patches through the consolidated patch index, or whole volumes.
 
-    Batches come collated from the workers (``__getitems__``): pass ``collate_batch`` as the
-    DataLoader's ``collate_fn`` (``make_loader`` does it).
-
-    ``patch=None`` yields whole volumes; otherwise each item is one entry of the patch
-    index built by ``ct_patches`` (mostly-body patches).  CT-RATE labels come along as
+    ``patch=False`` yields whole volumes; otherwise each sample is one entry of the patch
+    index built by ``ct_patches``: its volume, and by default its origin (mostly-body
+    patches).  ``patch_sampler`` places the patch otherwise: "uniform" anywhere in the
+    volume, "foreground" on the stored occupancy (see :mod:`.patches`), or a
+    :class:`~zarrfeed.training.data.patches.PatchSampler`.  CT-RATE labels come along as
     float32 0/1 (NaN where a scan has no label row).
+
+    A plain ``DataLoader`` batches the samples; ``__getitems__`` reads a whole batch at once
+    into one buffer, and ``collate_fn=ds.collate`` (what ``make_loader`` passes) hands that
+    buffer on without the copy ``default_collate`` makes.
     """
 
     dataset, asset = CT_DATASET.name, CT_WINDOWS.path
@@ -40,8 +46,10 @@ class CTPatchDataset(StoreDataset):
         patch: bool = True,
         cache_gb: float = 2.0,
         seed: int = 0,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        patch_sampler: str | PatchSampler = "stored",
     ) -> None:
-        super().__init__(store, cache_gb, seed)
+        super().__init__(store, cache_gb, seed, transform)
         self.window, self.patch = window, patch
         if window not in self.partitions[0]["arrays"]:
             have = ", ".join(sorted(self.partitions[0]["arrays"]))
@@ -50,6 +58,8 @@ class CTPatchDataset(StoreDataset):
                 "data.window to one of them, or add the window to ct_settings.windows and "
                 "rebuild)"
             )
+        if not patch and patch_sampler != "stored":
+            raise ValueError(f"patch_sampler={patch_sampler!r} places patches: set patch=True")
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
@@ -59,6 +69,8 @@ class CTPatchDataset(StoreDataset):
             self.origins = table["origins"][...]
             record = self.store.commit_record(CT_PATCHES.path, self.keys[0])["attrs"]
             self.patch_shape = tuple(record["patch_shape"])
+            self.patch_sampler = make_patch_sampler(patch_sampler)
+            self.patch_sampler.bind(self)
 
     def cached_names(self) -> list[str]:
         return [self.window]
@@ -74,64 +86,68 @@ class CTPatchDataset(StoreDataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def _patch_region(self, index: int) -> tuple[slice, ...]:
+    def patch_origins(self, indices: np.ndarray) -> np.ndarray:
+        """(N, 3) int64 origins of samples ``indices``' patches this epoch (patch mode)."""
+        return self.patch_sampler.origins(np.asarray(indices, np.int64))
+
+    def _region(self, origin: np.ndarray) -> tuple[slice, ...]:
         return tuple(
-            slice(int(o), int(o) + n)
-            for o, n in zip(self.origins[index], self.patch_shape, strict=True)
+            slice(int(o), int(o) + n) for o, n in zip(origin, self.patch_shape, strict=True)
         )
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        def load() -> dict[str, Any]:
-            item = int(self.items[index])
-            if self.patch:
-                volume = self.region(item, self.window, self._patch_region(index))
-            else:
-                volume = np.array(self.array(item, self.window))
-            out = {"image": torch.from_numpy(volume)[None], "item": item}
-            if self.labels is not None:
-                out["labels"] = torch.from_numpy(self.labels[item])
-            return out
+    def load(self, index: int) -> dict[str, Any]:
+        item = int(self.items[index])
+        if self.patch:
+            region = self._region(self.patch_origins(np.array([index]))[0])
+            volume = self.region(item, self.window, region)
+        else:
+            volume = np.array(self.array(item, self.window))
+        out = {"image": torch.from_numpy(volume)[None], "item": item}
+        if self.labels is not None:
+            out["labels"] = torch.from_numpy(self.labels[item])
+        return out
 
-        return self.guarded(index, load)
-
-    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
-        """A whole batch of patches, collated in the worker (DataLoader's batched fetch).
-
-        Each patch is copied once, from the shared cache straight into a batch tensor that
-        lives in shared memory, so handing it to the main process copies nothing more.  The
-        per-sample path copies three times (slice, collate, transfer).  Use with
-        :func:`collate_batch` (``make_loader`` does).
-        """
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """A batch of samples, read at once: each patch is copied once, from the shared
+        cache into its row of one batch tensor (in a worker whose collate is
+        :func:`collate_batch`, a tensor in shared memory, so handing it to the main process
+        copies nothing more).  Equal to ``[self[i] for i in indices]``."""
         if not self.patch:
-            return default_collate([self[i] for i in indices])
+            return [self[i] for i in indices]
+        batch = self.guarded(int(indices[0]), lambda: self._read_batch(indices))
+        samples = [{k: v[row] for k, v in batch.items()} for row in range(len(indices))]
+        if self.transform is None:
+            return samples
+        return [
+            self.guarded(int(i), lambda i=i, s=s: self.finish(int(i), s))
+            for i, s in zip(indices, samples, strict=True)
+        ]
 
-        def load() -> dict[str, Any]:
-            idx = np.asarray(indices)
-            items = self.items[idx].astype(np.int64)
-            dtype = self.cache.groups[self.asset, self.window].dtype
-            image = torch.empty(
-                (len(idx), 1, *self.patch_shape), dtype=_TORCH_DTYPES[dtype.str[1:]]
+    def _read_batch(self, indices: list[int]) -> dict[str, Any]:
+        idx = np.asarray(indices, np.int64)
+        items = self.items[idx].astype(np.int64)
+        dtype = self.cache.groups[self.asset, self.window].dtype
+        image = torch.empty((len(idx), 1, *self.patch_shape), dtype=_TORCH_DTYPES[dtype.str[1:]])
+        worker = get_worker_info() is not None
+        if worker and self.shared_batches:  # built straight into what goes to the main process
+            image.share_memory_()  # (default_collate would copy it into shared memory again)
+        out = image.numpy()
+        requests = [
+            (self.asset, item, self.window, self._region(origin), out[row, 0])
+            for row, (item, origin) in enumerate(
+                zip(items.tolist(), self.patch_origins(idx), strict=True)
             )
-            worker = get_worker_info() is not None
-            if worker:  # built straight into what is sent to the main process
-                image.share_memory_()  # (in the main process itself, plain memory)
-            out = image.numpy()
-            requests = [
-                (self.asset, int(item), self.window, self._patch_region(int(i)), out[row, 0])
-                for row, (i, item) in enumerate(zip(idx, items, strict=True))
-            ]
-            # In the training process copies run on every usable core (they release the GIL);
-            # a worker is one of several processes sharing the cores.
-            self.cache.read_into(requests, threads=1 if worker else usable_threads())
-            batch = {"image": image, "item": torch.from_numpy(items)}
-            if self.labels is not None:
-                batch["labels"] = torch.from_numpy(self.labels[items])
-            return batch
-
-        return self.guarded(int(indices[0]), load)
+        ]
+        # In the training process copies run on every usable core (they release the GIL);
+        # a worker is one of several processes sharing the cores.
+        self.cache.read_into(requests, threads=1 if worker else usable_threads())
+        batch: dict[str, Any] = {"image": image, "item": items.tolist()}
+        if self.labels is not None:
+            batch["labels"] = torch.from_numpy(self.labels[items])
+        return batch
 
     def sample_units(self, indices: np.ndarray) -> np.ndarray:
-        if not self.patch:
+        if not self.patch or self.patch_sampler.whole_volume:
             return super().sample_units(indices)
         return self.cache.units.region_units(
             self.asset,
@@ -144,7 +160,7 @@ class CTPatchDataset(StoreDataset):
     def partition_bytes(self) -> np.ndarray:
         """At most the whole volume, at most the units its patches can overlap."""
         whole = super().partition_bytes()
-        if not self.patch:
+        if not self.patch or self.patch_sampler.whole_volume:
             return whole
         group = self.cache.groups[self.asset, self.window]
         per_patch = max(  # units a patch overlaps at most: (p + u - 2) // u + 1 per axis
@@ -157,14 +173,28 @@ class CTPatchDataset(StoreDataset):
         return np.minimum(whole, counts * per_patch * self.cache.unit_bytes)
 
 
+def collate_points(batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Variable-size point sets → one (ΣN, 4) tensor of (batch index, z, y, x) and counts."""
+    coords = [b["coords"] for b in batch]
+    index = torch.cat([torch.full((len(c), 1), i, dtype=torch.int32) for i, c in enumerate(coords)])
+    return {
+        "coords": torch.cat([index, torch.cat(coords)], dim=1),
+        "counts": torch.tensor([len(c) for c in coords]),
+        "item": torch.tensor([b["item"] for b in batch]),
+    }
+
+
 class SparsePointsDataset(StoreDataset):
     """Occupied-voxel coordinates of one window per scan, ``min_points``…``max_points`` each.
 
     Scans with fewer than ``min_points`` points are left out when the dataset is built (from
-    the manifest's shapes, without reading them).  Use :func:`collate_points` for batches.
+    the manifest's shapes, without reading them).  Point sets differ in size, which
+    ``default_collate`` cannot stack: batch them with :func:`collate_points` (``ds.collate``,
+    what ``make_loader`` and the trainer use).
     """
 
     dataset, asset = CT_DATASET.name, CT_SPARSE.path
+    collate = staticmethod(collate_points)
 
     def __init__(
         self,
@@ -174,8 +204,9 @@ class SparsePointsDataset(StoreDataset):
         max_points: int = 4096,
         cache_gb: float = 0.5,
         seed: int = 0,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed)
+        super().__init__(store, cache_gb, seed, transform)
         self.window, self.min_points, self.max_points = window, min_points, max_points
         counts = np.array([p["arrays"][window]["shape"][0] for p in self.partitions])
         self.items = np.flatnonzero(counts >= min_points).astype(np.uint32)
@@ -188,24 +219,10 @@ class SparsePointsDataset(StoreDataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        def load() -> dict[str, Any]:
-            item = int(self.items[index])
-            coords = self.array(item, self.window)
-            picked = sample_points(
-                coords, self.min_points, self.max_points, seed=int(self.rng(index).integers(2**31))
-            )
-            return {"coords": torch.from_numpy(picked.astype(np.int32)), "item": item}
-
-        return self.guarded(index, load)
-
-
-def collate_points(batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Variable-size point sets → one (ΣN, 4) tensor of (batch index, z, y, x) and counts."""
-    coords = [b["coords"] for b in batch]
-    index = torch.cat([torch.full((len(c), 1), i, dtype=torch.int32) for i, c in enumerate(coords)])
-    return {
-        "coords": torch.cat([index, torch.cat(coords)], dim=1),
-        "counts": torch.tensor([len(c) for c in coords]),
-        "item": torch.tensor([b["item"] for b in batch]),
-    }
+    def load(self, index: int) -> dict[str, Any]:
+        item = int(self.items[index])
+        coords = self.array(item, self.window)
+        picked = sample_points(
+            coords, self.min_points, self.max_points, seed=int(self.rng(index).integers(2**31))
+        )
+        return {"coords": torch.from_numpy(picked.astype(np.int32)), "item": item}

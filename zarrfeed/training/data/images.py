@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,14 @@ class ImagePatchDataset(StoreDataset):
     dataset, asset = IMAGE_DATASET.name, IMAGE_STORE.path
 
     def __init__(
-        self, store: str | ZarrStore, defects: bool = True, cache_gb: float = 1.0, seed: int = 0
+        self,
+        store: str | ZarrStore,
+        defects: bool = True,
+        cache_gb: float = 1.0,
+        seed: int = 0,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed)
+        super().__init__(store, cache_gb, seed, transform)
         self.defects = defects
         table = self.store.open_partition(IMAGE_DATASET.path, "patches")
         offsets = table["offsets"][...]
@@ -45,24 +51,21 @@ class ImagePatchDataset(StoreDataset):
     def __len__(self) -> int:
         return len(self.sets)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        def load() -> dict[str, Any]:
-            item, image = int(self.sets[index]), int(self.images[index])
-            (y, x), (h, w) = (int(o) for o in self.origins[index]), self.patch_shape
-            region = (slice(image, image + 1), slice(y, y + h), slice(x, x + w), slice(None))
-            crop = self.region(item, "images", region)[0]
-            patch = crop.astype(np.float32) / np.float32(np.iinfo(crop.dtype).max)
-            mask = np.zeros((h, w), dtype=np.uint8)
-            if self.defects:
-                found = random_defects((h, w), self.rng(index))
-                patch[..., 0], mask = render_defects(patch[..., 0], found)
-                decoys = found.select(~found.in_mask)
-                for c in range(1, patch.shape[-1]):
-                    patch[..., c] = render_defects(patch[..., c], decoys)[0]
-            return {
-                "image": torch.from_numpy(np.ascontiguousarray(patch.transpose(2, 0, 1))),
-                "mask": torch.from_numpy(mask)[None],
-                "item": item,
-            }
-
-        return self.guarded(index, load)
+    def load(self, index: int) -> dict[str, Any]:
+        item, image = int(self.sets[index]), int(self.images[index])
+        (y, x), (h, w) = (int(o) for o in self.origins[index]), self.patch_shape
+        region = (slice(image, image + 1), slice(y, y + h), slice(x, x + w), slice(None))
+        crop = self.region(item, "images", region)[0]
+        patch = crop.astype(np.float32) / np.float32(np.iinfo(crop.dtype).max)
+        mask = np.zeros((h, w), dtype=np.uint8)
+        if self.defects:
+            found = random_defects((h, w), self.rng(index))
+            patch[..., 0], mask = render_defects(patch[..., 0], found)
+            decoys = found.select(~found.in_mask)
+            for c in range(1, patch.shape[-1]):
+                patch[..., c] = render_defects(patch[..., c], decoys)[0]
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(patch.transpose(2, 0, 1))),
+            "mask": torch.from_numpy(mask)[None],
+            "item": item,
+        }

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from zarrfeed.training.data.sampler import make_sampler
+from zarrfeed.training.data.start import start_method
 
 WORKER_OVERHEAD_BYTES = 300 << 20  # interpreter + torch + zarr per worker, measured ~250 MB
 # Out of core, batches in flight live in shared memory beside the cache: they may add this
@@ -218,7 +219,7 @@ def make_loader(
     sampler: Sampler | None = None,
     drop_last: bool = False,
     train: bool = True,
-    context: str = "forkserver",
+    context: str = "auto",
     log: Callable[[str], None] | None = print,
     name: str = "train",
     order: str = "auto",
@@ -232,7 +233,9 @@ def make_loader(
     whole; when it does not, a :class:`~zarrfeed.training.data.sampler.BlockSampler` keeps
     the working set inside the cache (``order``: "auto", "block" or "random"; ignored when a
     ``sampler`` or a ``batch_sampler`` is given).  ``pin_memory``: whether the batches go to
-    a CUDA device (None: whether CUDA is present).
+    a CUDA device (None: whether CUDA is present).  ``context`` is the workers' start method;
+    "auto" picks one that works where this is called (see
+    :func:`~zarrfeed.training.data.start.start_method`).
     """
     collate_fn = collate_fn or getattr(dataset, "collate", None)
     cache = getattr(dataset, "cache", None)
@@ -270,6 +273,9 @@ def make_loader(
     plan = plan_loader(
         len(dataset), batch_size, workers, sample, budget, train, context, in_flight, pin_memory
     )
+    if plan.num_workers:
+        plan.context, why = start_method(context, dataset)
+        notes.append(f"start method: {why}")
     plan.reasons += notes
     if batch_sampler is not None:
         loader = DataLoader(

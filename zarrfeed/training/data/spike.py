@@ -3,6 +3,7 @@ binned in real time from the raw ``.dat`` files."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ class SpikeClipDataset(StoreDataset):
         voxels: str = "stored",
         cache_gb: float = 1.0,
         seed: int = 0,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed)
+        super().__init__(store, cache_gb, seed, transform)
         if voxels not in ("stored", "realtime"):
             raise ValueError(f"voxels must be 'stored' or 'realtime', got {voxels!r}")
         self.clip_len, self.crop, self.voxel_mode = clip_len, tuple(crop), voxels
@@ -81,26 +83,23 @@ class SpikeClipDataset(StoreDataset):
             ]
         )
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        def load() -> dict[str, Any]:
-            item, start = int(self.items[index]), int(self.starts[index])
-            h, w = self.shape_of(item, "blur")[1:3]
-            ch, cw = min(self.crop[0], h), min(self.crop[1], w)
-            rng = self.rng(index)
-            y0, x0 = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-            y, x = slice(y0, y0 + ch), slice(x0, x0 + cw)
-            region = (slice(start, start + self.clip_len), y, x, slice(None))
+    def load(self, index: int) -> dict[str, Any]:
+        item, start = int(self.items[index]), int(self.starts[index])
+        h, w = self.shape_of(item, "blur")[1:3]
+        ch, cw = min(self.crop[0], h), min(self.crop[1], w)
+        rng = self.rng(index)
+        y0, x0 = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        y, x = slice(y0, y0 + ch), slice(x0, x0 + cw)
+        region = (slice(start, start + self.clip_len), y, x, slice(None))
 
-            def frames(name: str) -> torch.Tensor:  # (L, h, w, 3) uint8 → (L, 3, h, w)
-                crop = self.region(item, name, region)
-                return torch.from_numpy(np.ascontiguousarray(crop.transpose(0, 3, 1, 2)))
+        def frames(name: str) -> torch.Tensor:  # (L, h, w, 3) uint8 → (L, 3, h, w)
+            crop = self.region(item, name, region)
+            return torch.from_numpy(np.ascontiguousarray(crop.transpose(0, 3, 1, 2)))
 
-            voxels = torch.from_numpy(np.ascontiguousarray(self._voxels(item, start, y, x)))
-            return {
-                "blur": frames("blur"),
-                "sharp": frames("sharp"),
-                "voxels": voxels,
-                "item": item,
-            }
-
-        return self.guarded(index, load)
+        voxels = torch.from_numpy(np.ascontiguousarray(self._voxels(item, start, y, x)))
+        return {
+            "blur": frames("blur"),
+            "sharp": frames("sharp"),
+            "voxels": voxels,
+            "item": item,
+        }

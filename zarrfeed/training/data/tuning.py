@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from zarrfeed.training.data.loader import LoaderPlan, batch_len, plan_loader, usable_cpus
+from zarrfeed.training.data.start import start_method
 
 AUTOTUNE_FILE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zarrfeed" / "autotune.json"
@@ -80,7 +81,7 @@ def autotune(
     candidates: list[int] | None = None,
     batches: int = 20,
     collate_fn: Callable | None = None,
-    context: str = "forkserver",
+    context: str = "auto",
     remember: Path | None = AUTOTUNE_FILE,
 ) -> LoaderPlan:
     """Measure candidate worker counts on real batches and keep the fastest, remembered per
@@ -93,6 +94,7 @@ def autotune(
         plan.reasons.append("autotune: remembered for this dataset and machine")
         return plan
     results = {}
+    context = start_method(context, dataset)[0]
     for n in candidates or sorted({0, 1, cpus, max(1, cpus - 1)}):
         plan = plan_loader(len(dataset), batch_size, n, context=context)
         loader = DataLoader(
