@@ -446,7 +446,9 @@ def count(least: int) -> Callable[[str], int]:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; ``train``'s options only when ``argv`` may name it (None: always), as they
+    come from the training config, whose package loads torch: ``--help`` stays quick."""
     parser = argparse.ArgumentParser(
         prog="zarrfeed",
         description=__doc__,
@@ -534,9 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train", help="train a model on the store (also under torchrun: DDP, one shard per rank)"
     )
-    from zarrfeed.commands import train
+    if argv is None or "train" in argv:
+        from zarrfeed.commands import train
 
-    train.add_arguments(p)
+        train.add_arguments(p)
     p.set_defaults(func=_train)
     return parser
 
@@ -544,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from zarrfeed.errors import ZarrfeedError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # piped into head: the reader has what it wanted
