@@ -166,6 +166,7 @@ def test_a_signal_mid_run_saves_the_current_step(built, tmp_path, signum):
         for line in proc.stdout:
             if "step 3 |" in line:
                 break
+        assert proc.poll() is None, proc.stderr.read()[-3000:]  # still training at step 3
         # SIGINT as a terminal sends it, to the whole group (loader workers too)
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)
