@@ -9,7 +9,7 @@ import pytest
 from zarrfeed.assets import dataset_assets, model_assets
 from zarrfeed.definitions import RESOURCES
 from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
-from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.tasks import TASK_TYPES
 
 
 @pytest.fixture
@@ -56,13 +56,17 @@ def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path)
         assert "eval_loss" in meta and "eval_loss_before" in meta
         png = meta["loss_curve"].value.split("base64,")[1].rstrip(")")
         assert base64.b64decode(png)[:4] == b"\x89PNG"
-        config = meta["config"].value
-        assert config["train"]["steps"] == 4 and config["task"] == key.path[0][: -len("_model")]
-        TrainConfig.model_validate(config)  # the recorded config reruns as it is
-        trained_on = meta["trained_on"].value
-        assert trained_on["partitions"] > 0 and len(trained_on["manifest_sha256"]) == 16
-        assert all(v for v in trained_on["data_versions"].values())  # the dataset's version
+        task = key.path[0][: -len("_model")]
+        settings = {r.data["setting"]: r.data["value"] for r in meta["settings"].records}
+        assert settings["train.steps"] == "4" and settings["task"] == task
+        own = {f"data.{f}" for f in TASK_TYPES[task].data_fields}
+        assert {k for k in settings if k.startswith("data.")} == own  # no other task's fields
+        trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
+        assert int(trained_on["partitions"]) > 0 and len(trained_on["manifest_sha256"]) == 16
+        assert trained_on[f"data version of {TASK_TYPES[task].family}_dataset"] != "None"
+        assert ("auroc_per_finding" in meta) == (task == "ct_classifier")
         checkpoint = meta["dagster/uri"].value
+        assert meta["checkpoint"].value == checkpoint
         assert checkpoint.startswith(str(tmp_path / "models")) and result.run_id in checkpoint
     checks = [c for c in result.get_asset_check_evaluations() if c.check_name == "learned"]
     assert len(checks) == 4

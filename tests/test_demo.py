@@ -132,5 +132,6 @@ def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo):
         assert run.is_success and run.tags.get("dagster/from_automation_condition") == "true"
         assert "inspection_extra" in instance.get_dynamic_partitions("image_sets")
         meta = event.asset_materialization.metadata
-        assert meta["trained_on"].value["partitions"] == 3  # the new set is in the manifest
+        trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
+        assert trained_on["partitions"] == "3"  # the new set is in the manifest
         assert meta["eval_iou"].value > 0.1  # the automated run trains with the task's defaults

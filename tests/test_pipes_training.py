@@ -60,8 +60,8 @@ def test_two_gloo_ranks_report_through_rank_0_and_the_command_reruns_outside(bui
     meta = result.asset_materializations_for_node("ct_classifier_model")[0].metadata
     assert meta["steps"].value == 6 and meta["resumed_from_step"].value == 0
     assert "![loss curve](data:image/png;base64," in meta["loss_curve"].value
-    trained_on = meta["trained_on"].value
-    assert trained_on["partitions"] > 0 and trained_on["data_versions"]["ct_dataset"]
+    trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
+    assert int(trained_on["partitions"]) > 0 and trained_on["data version of ct_dataset"]
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "learned"]
     assert check.severity == dg.AssetCheckSeverity.WARN
     assert any("world=2" in m for m in lines)  # the trainer's log, through Pipes

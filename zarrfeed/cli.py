@@ -26,9 +26,7 @@ Store and instance default to ZARRFEED_STORE (else data/zarrfeed.zarr) and DAGST
 (else .dagster_home); `zarrfeed COMMAND --help` shows each command's options.
 """
 STORE = os.environ.get("ZARRFEED_STORE", "data/zarrfeed.zarr")
-# The training tasks (zarrfeed.training.config.Task), listed here so --help needs no torch.
 STATES = ("missing", "stale", "failed", "running", "conflict", "no source")  # zarrfeed status
-TASKS = ["ct_classifier", "sparse_autoencoder", "spike_deblur", "defect_segmentation"]
 
 
 def _sample_data(args: argparse.Namespace, bars: bool = True) -> int:
@@ -418,21 +416,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from zarrfeed.training.config import TrainConfig
+    from zarrfeed.commands import train
 
-    given = {"task": args.task, "store": args.store, "out": args.out}
-    config = TrainConfig.load(args.config, **{k: v for k, v in given.items() if v is not None})
-    if args.steps is not None:
-        config.train.steps = args.steps
-    if args.print_config:
-        print(config.to_yaml(), end="")
-        return 0
-    from zarrfeed.training.trainer import train
-
-    result = train(config)
-    if result.eval_after:  # rank 0 (torchrun runs this on every rank)
-        print(f"checkpoint {result.checkpoint}; metrics {config.run_dir / 'metrics.json'}")
-    return 0
+    return train.run(args)
 
 
 def _reader_options(
@@ -460,7 +446,9 @@ def count(least: int) -> Callable[[str], int]:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; ``train``'s options only when ``argv`` may name it (None: always), as they
+    come from the training config, whose package loads torch: ``--help`` stays quick."""
     parser = argparse.ArgumentParser(
         prog="zarrfeed",
         description=__doc__,
@@ -548,12 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train", help="train a model on the store (also under torchrun: DDP, one shard per rank)"
     )
-    p.add_argument("--config", help="YAML file (sections data, dataloader, train); see configs/")
-    p.add_argument("--task", choices=TASKS, help="override the config's task")
-    p.add_argument("--store", help="override the store URL")
-    p.add_argument("--out", help="override the checkpoint folder")
-    p.add_argument("--steps", type=count(1), help="override train.steps")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config")
+    if argv is None or "train" in argv:
+        from zarrfeed.commands import train
+
+        train.add_arguments(p)
     p.set_defaults(func=_train)
     return parser
 
@@ -561,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from zarrfeed.errors import ZarrfeedError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # piped into head: the reader has what it wanted

@@ -1,2 +1,2 @@
-"""The ``zarrfeed`` subcommands that read the store and the instance: ``inspect``, ``verify``,
-``status``, ``partitions``, and the table output they share."""
+"""The ``zarrfeed`` subcommands: ``train``, and those that read the store and the instance
+(``inspect``, ``verify``, ``status``, ``partitions``) with the table output they share."""

@@ -132,7 +132,15 @@ class TrainConfig(Section):
     out: str = Field("data/models", description="folder of the checkpoints")
     run_name: str = Field("", description="checkpoints go to <out>/<task>/<run_name>/")
     seed: int = 0
-    resume: bool = Field(True, description="continue from <out>/<task>/last.pt when present")
+    resume: bool = Field(
+        True,
+        description="continue the checkpoint in the run folder when it is of the same run "
+        "(see resume_anyway); false, or another run's checkpoint there: a new folder "
+        "<run_name>-2, -3, ...",
+    )
+    resume_anyway: bool = Field(
+        False, description="continue the run folder's checkpoint even when its config differs"
+    )
     data: DataConfig = DataConfig()
     dataloader: LoaderConfig = LoaderConfig()
     train: TrainSection = TrainSection()
@@ -157,26 +165,136 @@ class TrainConfig(Section):
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-        """The defaults, a YAML file over them, and ``overrides`` over both; errors name the
-        file and the offending key."""
+        """The defaults, a YAML file over them, and ``overrides`` over both (section by
+        section: ``train={"lr": 0.1}`` keeps the file's other train fields); errors name the
+        file, the line and the offending key, and an unknown key the valid ones."""
         raw: Any = {}
-        where = str(path) if path else "training config"
+        where, text = str(path) if path else "training config", ""
         if path is not None:
             try:
-                raw = yaml.safe_load(Path(path).read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
+                text = Path(path).read_text()
+                raw = yaml.safe_load(text) or {}
+            except OSError as exc:
                 raise ConfigError(f"cannot read training config {path}: {exc}") from exc
+            except yaml.MarkedYAMLError as exc:
+                raise ConfigError(f"{path}: {yaml_problem(exc)}") from None
             if not isinstance(raw, dict):
                 raise ConfigError(
                     f"{path}: expected a mapping of sections, found {type(raw).__name__}"
                 )
         try:
-            return cls.model_validate({**raw, **overrides})
+            return cls.model_validate(merged(raw, overrides))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
+            lines = key_lines(text) if text else {}
+            given = set(flatten(overrides))
+            problems = "; ".join(validation_problem(cls, e, lines, given) for e in exc.errors())
             raise ConfigError(f"{where}: {problems}") from None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=False)
+
+
+def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """A YAML syntax error as ``line L, column C: problem`` (PyYAML names the stream, which
+    is ``<unicode string>`` for text read first)."""
+    mark, start = exc.problem_mark or exc.context_mark, exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    context = f" ({exc.context}" if exc.context else ""
+    if context and start is not None and start.line != mark.line:
+        context += f" that starts at line {start.line + 1}"
+    context += ")" if context else ""
+    return f"{where}{exc.problem or 'invalid YAML'}{context}"
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The 1-based line of every mapping key in a YAML document, by its path of keys."""
+    found: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                path = (*prefix, str(key.value))
+                found[path] = key.start_mark.line + 1
+                walk(value, path)
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return found
+    if root is not None:
+        walk(root, ())
+    return found
+
+
+def valid_keys(model: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
+    """The field names of the section ``loc`` points into (the top level for a one-part
+    ``loc``)."""
+    for part in loc[:-1]:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def validation_problem(
+    model: type[BaseModel], error: Any, lines: dict[tuple[str, ...], int], given: set[str]
+) -> str:
+    """One pydantic error as ``line L: train.stepz: unknown key (valid keys: ...)``."""
+    loc = tuple(str(p) for p in error["loc"])
+    name = ".".join(loc)
+    line = None if name in given else lines.get(loc)
+    where = f"line {line}: " if line else ""
+    if error["type"] == "extra_forbidden":
+        return f"{where}{name}: unknown key (valid keys: {', '.join(valid_keys(model, loc))})"
+    return f"{where}{name}: {error['msg']}"
+
+
+# What a checkpoint's run is NOT defined by: how long it runs, how often it logs and saves,
+# where it writes, the machine and loader processes, and speed settings that change neither
+# the batches nor the arithmetic.  Every other field (task, data, batch, accumulation,
+# optimiser, precision, model, seed, sampler, cache_gb, which picks the sampler in "auto")
+# must match for a run to continue a checkpoint.  The store URL is compared as the data it
+# holds (the dataset manifest's hash), so the same store reached by another path still resumes.
+RESUME_IGNORES = frozenset(
+    {
+        "store", "out", "run_name", "resume", "resume_anyway",
+        "train.steps", "train.log_every", "train.checkpoint_every", "train.release_every",
+        "train.device", "train.grad_checkpointing",
+        "dataloader.workers", "dataloader.context", "dataloader.preload",
+        "dataloader.device_cache",
+    }
+)  # fmt: skip
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``base``, mappings merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        inner = out.get(key)
+        both = isinstance(value, dict) and isinstance(inner, dict)
+        out[key] = merged(inner, value) if both else value
+    return out
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 1}}`` as ``{"train.lr": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def run_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What makes ``current`` (a config dump, plus its ``data`` fingerprint under
+    ``"data_fingerprint"``) another run than ``saved``: ``train.batch_size: 4 -> 8`` lines,
+    the fields in ``RESUME_IGNORES`` aside."""
+    old, new = flatten(saved), flatten(current)
+    return [
+        f"{key}: {old.get(key, '(absent)')} -> {new.get(key, '(absent)')}"
+        for key in sorted(old.keys() | new.keys())
+        if key not in RESUME_IGNORES and old.get(key) != new.get(key)
+    ]

@@ -7,9 +7,10 @@ owns everything else.  Inputs are converted to float inside the task, under auto
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +18,7 @@ from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store.contract import SPIKE_VOXELS
-from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.config import TrainConfig, flatten
 from zarrfeed.training.data import (
     CTPatchDataset,
     ImagePatchDataset,
@@ -25,6 +26,7 @@ from zarrfeed.training.data import (
     SpikeClipDataset,
     collate_points,
 )
+from zarrfeed.training.metrics import auroc
 from zarrfeed.training.models import (
     CTClassifier,
     DefectSegmenter,
@@ -33,6 +35,9 @@ from zarrfeed.training.models import (
 )
 
 Batch = dict[str, torch.Tensor]
+# Per-class tables of the evaluation batches: metric name -> class name -> value (None where
+# the metric is undefined for that class).
+PerClass = dict[str, dict[str, float | None]]
 # defect_segmentation: a defect pixel's BCE weight (defects are ~0.05 % of a patch's pixels);
 # a pixel counts as a defect where the weighted model's logit exceeds log(weight), i.e. where
 # the unweighted probability would pass 0.5.
@@ -45,9 +50,27 @@ class Task:
     name: str = ""
     family: str = ""
     metric: str = ""  # the task's own score on the evaluation batches (higher is better)
+    data_fields: tuple[str, ...] = ("cache_gb", "eval_batches")  # the data.* fields it reads
+    classes: str = "class"  # what its per-class metrics are per (a finding, for CT-RATE)
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
+
+    @classmethod
+    def summary(cls) -> str:
+        """The task in one line (its docstring's first sentence)."""
+        return " ".join((cls.__doc__ or cls.name).split()).split(". ")[0].rstrip(".")
+
+    def settings(self) -> dict[str, Any]:
+        """The config as this task reads it, flat (``train.lr``): the data fields of other
+        tasks and where the run writes are left out."""
+        own = {f"data.{name}" for name in self.data_fields}
+        return {
+            key: value
+            for key, value in flatten(self.config.model_dump()).items()
+            if key not in ("out", "run_name", "resume", "resume_anyway")
+            and (not key.startswith("data.") or key in own)
+        }
 
     def dataset(self) -> Dataset:
         raise NotImplementedError
@@ -63,11 +86,20 @@ class Task:
     def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
         return getattr(dataset, "collate", None) or default_collate
 
+    def pooled(
+        self, model: nn.Module, batches: Sequence[Batch]
+    ) -> tuple[dict[str, float | None], PerClass]:
+        """Metrics over all evaluation batches at once (ranks, not per-batch means), as
+        scalars and per-class tables; a task without any returns none."""
+        return {}, {}
+
 
 class CTClassification(Task):
     """CT-RATE multi-label classification (18 findings) on windowed patches or volumes."""
 
     name, family, metric = "ct_classifier", "ct", "accuracy"
+    data_fields = ("window", "patch", *Task.data_fields)
+    classes = "finding"
 
     def dataset(self) -> CTPatchDataset:
         d = self.config.data
@@ -85,6 +117,7 @@ class CTClassification(Task):
                 "datasets/ct/labels table (put the multi_abnormality_labels CSV beside the "
                 "scans and rebuild ct_dataset)"
             )
+        self.label_names = list(ds.label_names)
         return ds
 
     def model(self, dataset: Dataset) -> nn.Module:
@@ -102,11 +135,28 @@ class CTClassification(Task):
         accuracy = correct.sum() / known.sum().clamp(min=1)
         return loss, {"accuracy": accuracy}
 
+    def pooled(
+        self, model: nn.Module, batches: Sequence[Batch]
+    ) -> tuple[dict[str, float | None], PerClass]:
+        """Per-finding AUROC over every evaluation sample (the field's usual report), the
+        counts of positives and negatives behind it, and the mean over defined findings."""
+        scores = torch.cat([model(b["image"].float()).float().cpu() for b in batches]).numpy()
+        labels = torch.cat([b["labels"].float().cpu() for b in batches]).numpy()
+        known = ~np.isnan(labels)
+        tables: PerClass = {"auroc": {}, "positives": {}, "negatives": {}}
+        for i, name in enumerate(self.label_names):
+            tables["auroc"][name] = auroc(labels[:, i], scores[:, i])
+            tables["positives"][name] = int((labels[known[:, i], i] > 0.5).sum())
+            tables["negatives"][name] = int(known[:, i].sum()) - tables["positives"][name]
+        defined = [v for v in tables["auroc"].values() if v is not None]
+        return {"auroc_mean": float(np.mean(defined)) if defined else None}, tables
+
 
 class SparseAutoencoder(Task):
     """Occupancy grids rebuilt from the sparse indices (TRELLIS 64³), encoded and decoded."""
 
     name, family, metric = "sparse_autoencoder", "ct", "iou"
+    data_fields = ("window", "max_points", *Task.data_fields)
 
     def dataset(self) -> SparsePointsDataset:
         d = self.config.data
@@ -158,6 +208,7 @@ class SpikeDeblurring(Task):
     frame."""
 
     name, family, metric = "spike_deblur", "spike", "psnr"
+    data_fields = ("clip_len", "crop", "voxels", *Task.data_fields)
 
     def dataset(self) -> SpikeClipDataset:
         d = self.config.data
@@ -195,6 +246,7 @@ class DefectSegmentation(Task):
     inspected channel has and its references lack, against their masks."""
 
     name, family, metric = "defect_segmentation", "image", "iou"
+    data_fields = ("defects", *Task.data_fields)
 
     def dataset(self) -> ImagePatchDataset:
         d = self.config.data

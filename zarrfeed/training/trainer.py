@@ -6,8 +6,11 @@ memory with ``non_blocking`` copies, evaluation under ``inference_mode``, option
 checkpointing and periodic cache release, no global default-tensor tricks.  Checkpoints hold
 only tensors and plain values and load with ``weights_only=True``; they carry the step, the
 optimiser and scaler state, the RNG state and the sampler position, so a resumed run repeats
-the loss curve of an uninterrupted one.  Under ``torchrun`` it trains with DDP, one shard of
-every epoch per rank, and only rank 0 writes.
+the loss curve of an uninterrupted one.  A run continues only a checkpoint of the same run
+(``config.run_differences``); another run's checkpoint is left alone and the new run takes
+the next free folder.  SIGINT and SIGTERM end the step in progress, then write the
+checkpoint, metrics and plots of that step.  Under ``torchrun`` it trains with DDP, one shard
+of every epoch per rank, and only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import itertools
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,11 +38,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from zarrfeed.errors import ConfigError
-from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
 from zarrfeed.training.data.loader import batch_len
-from zarrfeed.training.report import loss_curve_png
-from zarrfeed.training.tasks import Task, make_task
+from zarrfeed.training.report import EventLog, loss_curve_png
+from zarrfeed.training.tasks import PerClass, Task, make_task
+
+Progress = Callable[[int, int], None]  # (steps done, steps in all), once per step
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,85 @@ def data_fingerprint(dataset: Dataset) -> dict[str, Any]:
     }
 
 
+class TrainingStopped(Exception):
+    """A signal stopped the run; the checkpoint, metrics and plots of ``step`` are written
+    (unless it came before the first step).  The message is one line that says so."""
+
+    def __init__(self, message: str, signum: int, step: int) -> None:
+        super().__init__(message)
+        self.signum, self.step = signum, step
+
+
+class StopSignals:
+    """SIGINT and SIGTERM, while training: ask the loop to stop after the step in progress,
+    so that its state is saved.  Before the loop starts, or a second time, they stop at once
+    (``TrainingStopped``, or ``KeyboardInterrupt`` for a second Ctrl-C).
+
+    Under DDP, every rank must stop after the same step, though a signal may reach one rank
+    only or the ranks at different steps: each step sums the ranks' flags of the step before
+    over a CPU (gloo) group without waiting, and all ranks stop when that sum is non-zero.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, world: int) -> None:
+        self.world, self.signum, self.armed, self.stopped = world, 0, False, False
+        self.outside = "before training began: nothing saved"  # what an unarmed stop means
+        self._previous: dict[int, Any] = {}
+        self._group: Any = None
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():  # handlers live there only
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.armed and not self.signum:
+            self.signum = signum
+            return
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: the save in progress is abandoned
+        raise TrainingStopped(f"stopped by {name} {self.outside}", signum, 0)
+
+    def arm(self) -> None:
+        """From here on a signal waits for the end of the step in progress."""
+        if self.world > 1 and self._group is None:
+            backend = dist.get_backend()
+            self._group = dist.new_group(backend="gloo") if backend != "gloo" else None
+        self.armed = True
+
+    def disarm(self, outside: str) -> None:
+        """From here on a signal stops at once; ``outside`` says what is saved then."""
+        self.armed, self.outside = False, outside
+
+    @property
+    def name(self) -> str:
+        """The signal that stopped the run (under DDP it may have reached another rank)."""
+        return signal.Signals(self.signum).name if self.signum else "a signal to another rank"
+
+    def requested(self) -> bool:
+        """True once the run should stop (on every rank at the same step under DDP)."""
+        if self.world == 1:
+            self.stopped = bool(self.signum)
+            return self.stopped
+        agreed = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            agreed = bool(flag.item())
+        flag = torch.tensor([1 if self.signum else 0], dtype=torch.int32)
+        self._pending = (dist.all_reduce(flag, group=self._group, async_op=True), flag)
+        self.stopped = agreed
+        return agreed
+
+
 @dataclass
 class TrainResult:
     """What a run leaves: the curve, timings, evaluation before/after and the checkpoint."""
@@ -115,6 +202,11 @@ class TrainResult:
     loader: list[str] = field(default_factory=list)
     resumed_from: int = 0
     peak_memory_mb: float = 0.0
+    # per-class tables of the evaluation batches (metric -> class -> value; the CT-RATE
+    # classifier's per-finding AUROC), after and before training
+    per_class: PerClass = field(default_factory=dict)
+    per_class_before: PerClass = field(default_factory=dict)
+    stopped_by: str = ""  # the signal that ended the run early, if one did
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -129,6 +221,9 @@ class TrainResult:
             "peak_memory_mb": round(self.peak_memory_mb, 1),
             "checkpoint": self.checkpoint,
             "data": self.data,
+            "per_class": self.per_class,
+            "per_class_before": self.per_class_before,
+            **({"stopped_by": self.stopped_by} if self.stopped_by else {}),
         }
 
 
@@ -140,14 +235,20 @@ class Trainer:
         config: TrainConfig,
         log: Callable[[str], None] | None = print,
         task: Task | None = None,
+        progress: Progress | None = None,
     ) -> None:
-        """``task`` replaces the configured one (a custom dataset or model, a baseline)."""
+        """``task`` replaces the configured one (a custom dataset or model, a baseline);
+        ``progress`` is told the step count once per step (a progress bar)."""
         self.config, self.env = config, DistEnv.from_environ()
-        self._log = log
+        self._log, self._progress = log, progress
         self.task = task or make_task(config)
         self.device = resolve_device(config.train.device, self.env)
         self.amp_dtype, scaled = amp_policy(config.train.amp, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=scaled)
+        self._stop = StopSignals(self.env.world)
+        self._events: EventLog | None = None
+        self._fingerprint: dict[str, Any] = {}
+        self._per_class: PerClass = {}
 
     def log(self, line: str) -> None:
         if self._log and self.env.main:
@@ -188,8 +289,9 @@ class Trainer:
             log=self.log,
         )
 
-    def _evaluate(self, model: nn.Module, batches: list[Any]) -> dict[str, float]:
-        """Mean loss and metrics over fixed batches, without autograd."""
+    def _evaluate(self, model: nn.Module, batches: list[Any]) -> dict[str, float | None]:
+        """Mean loss and metrics over fixed batches, and the task's pooled metrics over all of
+        them (its per-class tables in ``self._per_class``), without autograd."""
         model.eval()
         totals: dict[str, float] = {}
         with torch.inference_mode(), self._autocast():
@@ -197,8 +299,13 @@ class Trainer:
                 loss, metrics = self.task.loss(model, to_device(batch, self.device))
                 for k, v in {"loss": loss, **metrics}.items():
                     totals[k] = totals.get(k, 0.0) + float(v) / len(batches)
+            pooled, self._per_class = (
+                self.task.pooled(model, [to_device(b, self.device) for b in batches])
+                if batches
+                else ({}, {})  # ranks other than 0 score nothing
+            )
         model.train()
-        return {k: round(v, 6) for k, v in totals.items()}
+        return {k: None if v is None else round(v, 6) for k, v in {**totals, **pooled}.items()}
 
     def _eval_batches(self, dataset: Dataset) -> list[Any]:
         """``eval_batches`` batches spread over the dataset, the same in every run."""
@@ -230,20 +337,70 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "rng": torch.get_rng_state(),
             "config": self.config.model_dump(),
+            "data_fingerprint": self._fingerprint,
         }
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)  # a crash never leaves half a checkpoint under the real name
 
-    def _load(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        path = self.checkpoint_path
-        if not (self.config.resume and path.exists()):
-            return None
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if saved["config"]["task"] != self.config.task:
-            raise ConfigError(
-                f"{path} is a {saved['config']['task']} checkpoint, not {self.config.task}"
+    def _resume_point(self, dataset: Dataset) -> dict[str, Any] | None:
+        """The checkpoint this run continues, or None to start afresh; either way
+        ``self.config.run_name`` then names the folder it writes.
+
+        The configured folder's checkpoint is continued when it is of the same run (or on
+        ``resume_anyway``).  Otherwise it is left untouched, the differences are logged, and
+        the run continues the first ``<run_name>-N`` folder that holds its own checkpoint or
+        starts in the first that holds none.
+        """
+        c = self.config
+        self._fingerprint = data_fingerprint(dataset)
+        current = {**c.model_dump(), "data_fingerprint": self._fingerprint}
+        note, saved = "", None
+        for n in itertools.count(1):
+            name = c.run_name if n == 1 else f"{c.run_name or 'run'}-{n}"
+            path = Path(c.out) / c.task / name / "last.pt"
+            if not path.exists():
+                saved = None
+                break
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            differences = self._differences(saved, current) if c.resume else ["resume is off"]
+            if n == 1 and differences and c.resume and c.resume_anyway:
+                self.log(f"[{c.task}] resuming {path} anyway (resume_anyway), though it "
+                         f"differs: {'; '.join(differences)}")  # fmt: skip
+                break
+            if not differences:
+                break
+            if n == 1:
+                note = (
+                    f"{path} is another run ({'; '.join(differences)})"
+                    if c.resume
+                    else f"resume is off and {path} exists"
+                )
+        self.config = c.model_copy(update={"run_name": name})
+        if note:
+            self.log(
+                f"[{c.task}] not resuming: {note}; it is left untouched and this run writes "
+                f"{self.config.run_dir}"
+                + (" (--resume-anyway, or resume_anyway: true, continues it)" if c.resume else "")
             )
+        return saved
+
+    @staticmethod
+    def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+        """How ``current`` differs from the run of checkpoint ``saved`` (one written before
+        checkpoints held their data's fingerprint is compared by its config alone)."""
+        theirs = {
+            **saved["config"],
+            "data_fingerprint": saved.get("data_fingerprint") or current["data_fingerprint"],
+        }
+        return run_differences(theirs, current)
+
+    def _load(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Dataset
+    ) -> dict[str, Any] | None:
+        saved = self._resume_point(dataset)
+        if saved is None:
+            return None
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         self.scaler.load_state_dict(saved["scaler"])
@@ -255,8 +412,11 @@ class Trainer:
     def fit(self) -> TrainResult:
         owned = self._setup_distributed()
         try:
-            return self._fit()
+            with self._stop:
+                return self._fit()
         finally:
+            if self._events is not None:
+                self._events.close()
             if owned:
                 dist.destroy_process_group()
 
@@ -287,11 +447,12 @@ class Trainer:
         c, t = self.config, self.config.train
         model = self.task.model(dataset).to(self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-        saved = self._load(model, optimizer)
+        saved = self._load(model, optimizer, dataset)
         eval_batches = self._eval_batches(self.task.dataset()) if self.env.main else []
         eval_before = saved["eval_before"] if saved else self._evaluate(model, eval_batches)
         state = {
             "step": 0, "epoch": 0, "position": 0, "eval_before": eval_before,
+            "per_class_before": saved.get("per_class_before", {}) if saved else self._per_class,
             "history": {"loss": [], "data_time": [], "step_time": [], "samples": []},
         }  # fmt: skip
         if saved:
@@ -321,7 +482,8 @@ class Trainer:
         history, pending = state["history"], []
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        while state["step"] < t.steps:
+        self._stop.arm()
+        while state["step"] < t.steps and self._between_steps(state):
             data_time = compute = 0.0
             losses, samples = [], 0
             for micro in range(t.accumulate):
@@ -365,7 +527,18 @@ class Trainer:
             if save_now:
                 self._save(model, optimizer, state)
 
-        eval_after = self._evaluate(model, eval_batches) if self.env.main else {}
+        stopped = self._stop.stopped
+        if stopped:  # a signal: keep this step, not only the last checkpoint_every one
+            if pending:
+                self._read_back(pending, history, feed, state["step"])
+            self._save(model, optimizer, state)
+        else:
+            self._stop.disarm(
+                f"after step {state['step']}, in the final evaluation: {self.checkpoint_path} "
+                "holds every step, metrics.json is not updated"
+            )
+        # a stopped run is not evaluated: the person waiting wants it to end
+        eval_after = self._evaluate(model, eval_batches) if self.env.main and not stopped else {}
         # Steady state, as the log lines report it: the first step waits for worker start-up.
         waited, computed = sum(history["data_time"][1:]), sum(history["step_time"][1:])
         total = waited + computed
@@ -378,10 +551,13 @@ class Trainer:
             samples_per_s=sum(history["samples"][1:]) * self.env.world / total if total else 0.0,
             data_wait_share=waited / total if total else 0.0,
             checkpoint=str(self.checkpoint_path),
-            data=data_fingerprint(dataset),
-            config=c.model_dump(),
+            data=self._fingerprint,
+            config=self.config.model_dump(),
             loader=feed.reasons,
             resumed_from=resumed_from,
+            per_class=self._per_class if eval_after else {},
+            per_class_before=state["per_class_before"],
+            stopped_by=self._stop.name if stopped else "",
             peak_memory_mb=(
                 torch.cuda.max_memory_allocated(self.device) / 2**20
                 if self.device.type == "cuda"
@@ -390,6 +566,15 @@ class Trainer:
         )
         if self.env.main:
             self._write_report(result)
+        if stopped:
+            run = self.config.run_dir
+            raise TrainingStopped(
+                f"stopped by {result.stopped_by} at step {result.step}/{t.steps}: checkpoint "
+                f"{self.checkpoint_path}, metrics {run / 'metrics.json'}; the same command "
+                "continues it",
+                self._stop.signum or signal.SIGTERM,
+                result.step,
+            )
         self.log(f"[{c.task}] eval before {eval_before} -> after {eval_after}")
         return result
 
@@ -416,6 +601,25 @@ class Trainer:
             history["data_time"][row] += moved
             history["step_time"][row] -= moved
 
+    def _between_steps(self, state: dict[str, Any]) -> bool:
+        """Once per step, before it: the progress hook, the TensorBoard scalars of the steps
+        logged so far, and False once a signal asked the run to stop."""
+        step = state["step"]
+        if self.env.main:
+            if self._progress is not None:
+                self._progress(step, self.config.train.steps)
+            if step % self.config.train.log_every == 0:
+                self.events.steps(state["history"])
+        return not self._stop.requested()
+
+    @property
+    def events(self) -> EventLog:
+        """The run's TensorBoard event files, beside ``metrics.json`` (opened on first use,
+        once the run folder is chosen)."""
+        if self._events is None:
+            self._events = EventLog(self.config.run_dir, self.env.world)
+        return self._events
+
     def _log_line(self, step: int, history: dict[str, list[float]], window: int) -> str:
         """The training log line, over the last ``window`` steps: progress, loss, where the
         time went, and the time left at the recent pace."""
@@ -434,13 +638,25 @@ class Trainer:
         )
 
     def _write_report(self, result: TrainResult) -> None:
+        """metrics.json, loss.png and the last TensorBoard scalars, at the run's last step."""
         run = self.config.run_dir
+        run.mkdir(parents=True, exist_ok=True)
         (run / "metrics.json").write_text(
             json.dumps({**result.summary(), "history": result.history}, indent=1)
         )
         (run / "loss.png").write_bytes(loss_curve_png(result.history["loss"], title=result.task))
+        if self._progress is not None:
+            self._progress(result.step, self.config.train.steps)
+        self.events.steps(result.history)
+        self.events.evaluation(0, result.eval_before, result.per_class_before)
+        self.events.evaluation(result.step, result.eval_after, result.per_class)
+        self.events.flush()
 
 
-def train(config: TrainConfig, log: Callable[[str], None] | None = print) -> TrainResult:
+def train(
+    config: TrainConfig,
+    log: Callable[[str], None] | None = print,
+    progress: Progress | None = None,
+) -> TrainResult:
     """Train ``config`` (the entry point of ``zarrfeed train`` and the Dagster assets)."""
-    return Trainer(config, log).fit()
+    return Trainer(config, log, progress=progress).fit()

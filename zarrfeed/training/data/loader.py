@@ -8,6 +8,7 @@ import functools
 import math
 import os
 import select
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -96,6 +97,10 @@ class LoaderPlan:
 
 def _init_worker(owner: int, _: int) -> None:
     torch.set_num_threads(1)  # workers run side by side; intra-op threads would oversubscribe
+    # Ctrl-C in a terminal reaches every process of the foreground group: the owner decides
+    # (the trainer finishes its step and saves); a worker that died of it would fail that step
+    # with "DataLoader worker exited unexpectedly".  Workers still end with their owner.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(owner,), daemon=True, name="owner-watch").start()
 
 
