@@ -107,8 +107,9 @@ def _hu_step(
         out = arrays["hu"]
         lo, hi = preset.clip
         in_range = bool(out.dtype == np.int16 and out.size and out.min() >= lo and out.max() <= hi)
-        plausible, facts = hu.hu_plausibility(out)
-        data, spacing = source_hu()
+        data, spacing = source_hu()  # also the decision: an override is judged as one
+        overridden = state["decision"].source == "override"
+        plausible, facts = hu.hu_plausibility(out, overridden=overridden)
         resampled = ct.resampled_shape(data.shape, spacing, preset.spacing)
         if preset.shape is not None:
             shape_ok, error = out.shape == preset.shape, 0.0  # cropped/padded: shape only

@@ -1,0 +1,51 @@
+"""Faults a user's raw tree and machines produce that no earlier test named: incomplete items,
+broken entries, decompression bombs, dead runs, suggested fixes, colliding keys."""
+
+from __future__ import annotations
+
+import numpy as np
+from graph import build, checks, discover, failure, materialize
+
+from zarrfeed.assets.datasets import ct_dataset
+from zarrfeed.formats import write_nifti
+from zarrfeed.resources import CTSettings, RawFolderResource
+from zarrfeed.samples import ct_phantom
+from zarrfeed.transforms import hu
+
+
+def test_the_suggested_hu_override_lets_an_airless_crop_into_the_dataset(dagster_env, tmp_path):
+    """An HU crop of spine and muscle has no air: refused with a message suggesting a
+    per-scan override; with that override the blocking ``hu_plausible`` check passes and the
+    scan is in the dataset manifest."""
+    _, resources, instance = dagster_env
+    chest = ct_phantom((24, 64, 64), (5.0, 5.4, 5.4), ("Lung nodule",), np.random.default_rng(0))
+    raw = tmp_path / "crops"
+    raw.mkdir()
+    write_nifti(raw / "spine_crop.nii.gz", chest[:, 44:51, 24:40], (5.0, 5.4, 5.4))
+    resources = {**resources, "raw": RawFolderResource(root=str(raw))}
+    assert discover(instance, resources, "ct") == ["spine_crop"]
+    refused = build(resources, instance, "ct", "spine_crop", raise_on_error=False)
+    message = failure(refused)
+    assert "spine_crop.nii.gz" in message and "set a per-scan HU override" in message
+    settings = resources["ct_settings"].model_dump()
+    fixed = {
+        **resources,
+        "ct_settings": CTSettings(**{**settings, "hu_overrides": {"spine_crop": "hu"}}),
+    }
+    result = build(fixed, instance, "ct", "spine_crop")
+    assert checks(result)[("ct_hu", "hu_plausible")] is True
+    assert all(checks(result).values()), checks(result)
+    store = fixed["zarr_store"].store()
+    rescale = store.commit_record("ct/hu", "spine_crop")["attrs"]["hu_rescale"]
+    assert rescale["decided_by"] == "override"
+    assert materialize([ct_dataset], instance, resources=fixed).success
+    assert store.read_manifest("ct")["keys"] == ["spine_crop"]
+
+
+def test_an_override_passes_without_air_but_not_against_impossible_values():
+    chest = ct_phantom((24, 64, 64), (5.0, 5.4, 5.4), ("Lung nodule",), np.random.default_rng(0))
+    crop = chest[:, 44:51, 24:40]
+    assert not hu.hu_plausibility(crop)[0]
+    passed, facts = hu.hu_plausibility(crop, overridden=True)
+    assert passed and facts["judged_as"].startswith("override")
+    assert not hu.hu_plausibility(chest.astype(np.float32) - 1024, overridden=True)[0]
