@@ -3,11 +3,16 @@ broken entries, decompression bombs, dead runs, suggested fixes, colliding keys.
 
 from __future__ import annotations
 
+import shutil
+
+import dagster as dg
 import numpy as np
 from graph import build, checks, discover, failure, materialize
 
 from zarrfeed.assets.datasets import ct_dataset
+from zarrfeed.commands.status import family_status
 from zarrfeed.formats import write_nifti
+from zarrfeed.jobs import sensors
 from zarrfeed.resources import CTSettings, RawFolderResource
 from zarrfeed.samples import ct_phantom
 from zarrfeed.transforms import hu
@@ -49,3 +54,42 @@ def test_an_override_passes_without_air_but_not_against_impossible_values():
     passed, facts = hu.hu_plausibility(crop, overridden=True)
     assert passed and facts["judged_as"].startswith("override")
     assert not hu.hu_plausibility(chest.astype(np.float32) - 1024, overridden=True)[0]
+
+
+def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_resolved(
+    dagster_env,
+):
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    assert build(resources, instance, "ct", "valid_1_a_1").success
+    store = resources["zarr_store"].store()
+    assert materialize([ct_dataset], instance, resources=resources).success
+    assert store.read_manifest("ct")["keys"] == ["valid_1_a_1"]
+    ct_discovery = next(s for s in sensors if s.name == "ct_discovery")
+    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    (raw / "elsewhere").mkdir()
+    original = next(raw.rglob("valid_1_a_1.nii.gz"))
+    shutil.copy(original, raw / "elsewhere" / "valid_1_a_1.nii.gz")
+
+    def dataset_requests():
+        result = ct_discovery(ctx)
+        if isinstance(result, dg.SkipReason):
+            return []
+        ctx.update_cursor(result.cursor)  # what the daemon keeps between ticks
+        return [r for r in result.run_requests if r.job_name == "datasets_build"]
+
+    (refresh,) = dataset_requests()
+    assert refresh.asset_selection == [dg.AssetKey("ct_dataset")]
+    materialize([ct_dataset], instance, resources=resources, raise_on_error=False)  # empty
+    manifest = store.read_manifest("ct")
+    assert manifest["keys"] == []
+    assert "elsewhere/valid_1_a_1.nii.gz" in " ".join(manifest["failed"]["valid_1_a_1"])
+    catalog = resources["zarr_store"].catalog("ct")
+    _, entries = family_status("ct", store, catalog, CTSettings().values(), None, {})
+    (conflict,) = [e for e in entries if e.state == "conflict"]
+    assert conflict.keys == ["valid_1_a_1"] and "rename one" in conflict.fix
+    assert dataset_requests() == []  # nothing new: no second refresh
+    (raw / "elsewhere" / "valid_1_a_1.nii.gz").unlink()
+    assert len(dataset_requests()) == 1
+    assert materialize([ct_dataset], instance, resources=resources).success
+    assert store.read_manifest("ct")["keys"] == ["valid_1_a_1"]

@@ -80,7 +80,7 @@ def family_status(
     for key in conflicts:
         item = index[key]
         add("conflict", [key], f"{item.location} and {', '.join(item.conflict)} claim this key",
-            "rename one of the files")  # fmt: skip
+            "rename one of the files (until then the key is left out of the dataset)")  # fmt: skip
     gone = [k for k in keys if k not in index]
     for key in gone:
         add("no source", [key], "no raw item in the catalog (never discovered, or deleted)",

@@ -8,12 +8,14 @@ partitions.
 """
 
 import hashlib
+import json
 
 import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import PARTITIONS
 from zarrfeed.bulk import gc_paused
+from zarrfeed.jobs.build import datasets_build
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.store.contract import FAMILIES
@@ -21,10 +23,11 @@ from zarrfeed.store.contract import FAMILIES
 
 def discovery_sensor(family: str, job) -> dg.SensorDefinition:
     partitions, raw_asset = PARTITIONS[family], FAMILIES[family].raw_asset
+    dataset = dg.AssetKey(f"{FAMILIES[family].dataset.name}_dataset")
 
     @dg.sensor(
         name=f"{family}_discovery",
-        job=job,
+        jobs=[job, datasets_build],
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Scans the raw folder for {family} items: new ones become partitions, "
@@ -50,6 +53,7 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
             )
             requests = [
                 dg.RunRequest(
+                    job_name=job.name,
                     partition_key=k,
                     run_key=f"{family}:{k}:{_digest(index[k].stamp, why)}",
                     tags={"zarrfeed/reason": why},
@@ -57,6 +61,17 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
                 for k, why in released
                 if k in index  # a queued item whose source has gone since
             ]
+            conflicted = sorted(k for k, item in index.items() if item.conflict)
+            cursor = _digest(json.dumps(conflicted))  # the conflicts the manifest reflects
+            if cursor != (context.cursor or _digest("[]")):
+                requests.append(
+                    dg.RunRequest(
+                        job_name=datasets_build.name,
+                        asset_selection=[dataset],
+                        run_key=f"{family}:conflicts:{cursor}",
+                        tags={"zarrfeed/reason": "conflicting raw items changed"},
+                    )
+                )
             gone = sorted(k for k in known - set(index))
             events = [
                 dg.AssetObservation(
@@ -89,6 +104,7 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
                 run_requests=requests,
                 dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
                 asset_events=events,
+                cursor=cursor,
             )
 
     return _discover
