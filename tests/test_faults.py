@@ -3,18 +3,23 @@ broken entries, decompression bombs, dead runs, suggested fixes, colliding keys.
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import pytest
 from graph import build, checks, discover, failure, materialize
 
 from zarrfeed.assets.datasets import ct_dataset
 from zarrfeed.commands.status import family_status
+from zarrfeed.errors import InputError
 from zarrfeed.formats import write_nifti
 from zarrfeed.jobs import sensors
 from zarrfeed.resources import CTSettings, RawFolderResource
 from zarrfeed.samples import ct_phantom
+from zarrfeed.sources.raw import SourceWatch
 from zarrfeed.transforms import hu
 
 
@@ -93,3 +98,38 @@ def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_reso
     assert len(dataset_requests()) == 1
     assert materialize([ct_dataset], instance, resources=resources).success
     assert store.read_manifest("ct")["keys"] == ["valid_1_a_1"]
+
+
+def test_a_spike_sequence_missing_a_dat_beside_a_stray_file_fails_naming_it(dagster_env):
+    raw, resources, instance = dagster_env
+    seq = raw / "gopro-spike/test/GOPR0384_11_00"
+    (seq / "spike_packed/000003.dat").unlink()
+    (seq / "spike_packed/notes.txt").write_text("not a sample")  # keeps the file count at 6
+    assert "test_GOPR0384_11_00" in discover(instance, resources, "spike")
+    result = build(resources, instance, "spike", "test_GOPR0384_11_00", raise_on_error=False)
+    assert not result.success
+    assert "spike_packed/000003.dat" in failure(result)
+    store = resources["zarr_store"].store()
+    assert not store.has_partition("spike/voxels", "test_GOPR0384_11_00")
+
+
+def test_a_file_that_vanishes_or_changes_during_a_build_is_named(dagster_env):
+    resources = dagster_env[1]
+    items = resources["raw"].scan("spike")
+    item = items["train_GOPR0372_07_00"]
+    watch = SourceWatch(item)
+    watch.verify()  # unchanged: nothing to say
+    dat = Path(item.location) / "spike_packed/000001.dat"
+    dat.write_bytes(dat.read_bytes()[::-1])
+    os.utime(dat, ns=(1, 1))
+    with pytest.raises(InputError, match=r"000001\.dat.*it changed during the build"):
+        watch.verify()
+    watch = SourceWatch(item)
+    (Path(item.location) / "sharp/000002.png").unlink()
+    with pytest.raises(InputError, match=r"000002\.png.*it vanished during the build"):
+        watch.verify()
+    ct = resources["raw"].scan("ct")["valid_1_a_1"]
+    watch = SourceWatch(ct)
+    os.replace(Path(ct.location), Path(ct.location).with_suffix(".gz.old"))
+    with pytest.raises(InputError, match=r"valid_1_a_1\.nii\.gz.*vanished"):
+        watch.verify()

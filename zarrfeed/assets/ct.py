@@ -32,7 +32,7 @@ from zarrfeed.formats import read_ct, read_nifti_header
 from zarrfeed.previews import volume_png
 from zarrfeed.resources import BuildOptions, CTSettings, HuggingFaceResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
-from zarrfeed.sources.raw import ct_item, is_hub, source_identity
+from zarrfeed.sources.raw import SourceWatch, ct_item, is_hub, source_identity
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import CT_HU, CT_PATCHES, CT_SPARSE, CT_WINDOWS, FAMILIES, SOURCE
 from zarrfeed.transforms import ct, hu
@@ -151,6 +151,7 @@ def _hu_step(
         check=check,
         describe=describe,
         attrs={"source_stamp": item.stamp, "source_kind": item.kind},
+        watch=SourceWatch(item),
     )
     return step
 

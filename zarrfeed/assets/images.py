@@ -27,7 +27,7 @@ from zarrfeed.formats.discover import image_files
 from zarrfeed.previews import image_png
 from zarrfeed.resources import BuildOptions, ImageSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import source_identity
+from zarrfeed.sources.raw import SourceWatch, source_identity
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import FAMILIES, IMAGE_PATCHES, IMAGE_STORE, SOURCE
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
@@ -75,6 +75,7 @@ def _overlay(image: np.ndarray, origins: np.ndarray, patch: tuple[int, ...]) -> 
 def _store_step(catalog, key: str) -> Step:
     item = resolve(catalog, key)
     sha = content_hash(catalog, item)
+    watch = SourceWatch(item)
     files = image_files(Path(item.location))
     if not files:
         raise InputError(item.location, "image files (.png, .jpg, .tif)", "none")
@@ -98,6 +99,7 @@ def _store_step(catalog, key: str) -> Step:
             ),
         },
         attrs={"source_stamp": item.stamp, "names": [p.name for p in files]},
+        watch=watch,
     )
 
 

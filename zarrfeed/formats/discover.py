@@ -347,20 +347,46 @@ class SpikeSequence:
     layout: str
     frames: int
 
+    def modalities(self) -> tuple[tuple[str, str], ...]:
+        """(folder, suffix) of each file a sample has: its spikes, blurred and sharp frame."""
+        return ((self.spike_folder, ".dat"), ("blur", ".png"), ("sharp", ".png"))
+
+    def members(self) -> dict[str, list[Path]]:
+        """Sample stem → its files, one per modality folder where present.  Only files with
+        the modality's suffix are members: a stray ``notes.txt`` is no sample, and no file
+        of one."""
+        found: dict[str, list[Path]] = {}
+        for sub, suffix in self.modalities():
+            folder = self.folder / sub
+            with suppress(FileNotFoundError, NotADirectoryError):
+                for name in sorted(os.listdir(folder)):
+                    if name.endswith(suffix) and not name.startswith("."):
+                        found.setdefault(name[: -len(suffix)], []).append(folder / name)
+        return dict(sorted(found.items()))
+
     def samples(self) -> list[str]:
-        """Sample stems present in every modality (spike, blur, sharp), sorted."""
-        stems = [
-            {p.stem for p in (self.folder / sub).glob(pattern)}
-            for sub, pattern in (
-                (self.spike_folder, "*.dat"),
-                ("blur", "*.png"),
-                ("sharp", "*.png"),
-            )
+        """Every sample stem, sorted; :class:`InputError` naming each missing file when a
+        sample lacks one of its modalities (a sequence never builds with fewer samples)."""
+        members = self.members()
+        want = len(self.modalities())
+        missing = [
+            f"{sub}/{stem}{suffix}"
+            for stem, files in members.items()
+            if len(files) < want
+            for sub, suffix in self.modalities()
+            if self.folder / sub / f"{stem}{suffix}" not in files
         ]
-        return sorted(set.intersection(*stems))
+        if missing:
+            raise InputError(
+                self.folder,
+                f"every sample in {self.spike_folder}/, blur/ and sharp/",
+                f"{len(missing)} missing: " + ", ".join(missing[:20]),
+            )
+        return list(members)
 
     def files(self) -> list[Path]:
-        return sorted(p for p in self.folder.rglob("*") if p.is_file())
+        """The member files (what is hashed and watched), sorted."""
+        return sorted(p for files in self.members().values() for p in files)
 
 
 def _spike_config(path: Path) -> dict:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from zarrfeed.errors import InputError
 from zarrfeed.formats.ct import CTItem
 from zarrfeed.formats.discover import (
     Found,
@@ -174,6 +175,43 @@ def item_files(item: RawItem) -> list[Path]:
     if item.kind == "images":
         return image_files(Path(item.location))
     return list(ct_item(item).sources())
+
+
+class SourceWatch:
+    """The files a local raw item reads, as they were when a build began.
+
+    A build reads its files one by one over seconds or minutes; a file deleted, rewritten or
+    replaced meanwhile would leave a partition made of two versions of the source, or of
+    fewer samples.  :meth:`verify` after reading fails the partition naming the file instead
+    (size, mtime in nanoseconds and inode: a rewrite or an atomic replacement both show).
+    Hub items are pinned by their commit and never change.
+    """
+
+    def __init__(self, item: RawItem) -> None:
+        self.location = item.location
+        files = [] if is_hub(item) else item_files(item)
+        # An item that is a folder (a series, a sequence, an image set) also changes when a
+        # member is added: its member folders' mtimes say so.
+        folders = sorted({p.parent for p in files}) if os.path.isdir(item.location) else []
+        self.before = {p: self._signature(p) for p in [*files, *folders]}
+
+    def _signature(self, path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns, st.st_ino
+
+    def verify(self) -> None:
+        """:class:`InputError` naming the first file that vanished or changed since."""
+        for path, before in self.before.items():
+            now = self._signature(path)
+            if now != before:
+                found = "vanished" if now is None else "changed"
+                raise InputError(
+                    path, f"the file as it was when the build of {self.location} began",
+                    f"it {found} during the build (the next discovery builds it again)",
+                )  # fmt: skip
 
 
 def item_sha256(item: RawItem) -> str:
