@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from graph import build, checks, discover, failure, materialize
 
+from zarrfeed.assets import SETTINGS
 from zarrfeed.assets.datasets import ct_dataset
 from zarrfeed.commands.status import family_status
+from zarrfeed.definitions import RESOURCES
 from zarrfeed.errors import InputError
 from zarrfeed.formats import write_nifti
 from zarrfeed.jobs import sensors
@@ -133,3 +135,50 @@ def test_a_file_that_vanishes_or_changes_during_a_build_is_named(dagster_env):
     os.replace(Path(ct.location), Path(ct.location).with_suffix(".gz.old"))
     with pytest.raises(InputError, match=r"valid_1_a_1\.nii\.gz.*vanished"):
         watch.verify()
+
+
+def test_broken_entries_are_reported_and_skipped_and_every_family_still_discovered(
+    dagster_env, monkeypatch
+):
+    raw, resources, instance = dagster_env
+    folder = RawFolderResource(root=str(raw))
+    good = {family: sorted(folder.scan(family)) for family in ("ct", "spike", "images")}
+    assert all(good.values())
+    ct_folder = next(raw.rglob("valid_1_a_1.nii.gz")).parent
+    (raw / "loop").symlink_to(raw / "loop")  # a folder-level loop at the root
+    (ct_folder / "valid_7_a_1.nii.gz").symlink_to(ct_folder / "valid_7_a_1.nii.gz")
+    (raw / "gopro-spike/test/GOPR0384_11_00/spike_packed/000009.dat").symlink_to("/nonexistent")
+    (raw / "inspection/test/gone.png").symlink_to(raw / "nowhere.png")
+    (raw / "other-spike").mkdir()
+    (raw / "other-spike/dataset.json").write_text("{not json")
+    locked = raw / "locked"
+    (locked / "sub").mkdir(parents=True)
+    real_scandir = os.scandir
+
+    def scandir(path):  # chmod 000 does not stop root: refuse the listing as the kernel would
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    expected_skips = {
+        "ct": ["loop", "valid_7_a_1.nii.gz", "000009.dat", "gone.png", "locked"],
+        "spike": ["loop", "000009.dat", "other-spike/dataset.json", "locked"],
+        "images": ["loop", "gone.png", "locked"],
+    }
+    for family, keys in good.items():
+        sensor = next(s for s in sensors if s.name == f"{family}_discovery")
+        ctx = dg.build_sensor_context(instance=instance, resources=resources)
+        result = sensor(ctx)  # no error: every good item is found and requested
+        assert sorted(r.partition_key for r in result.run_requests) == keys, family
+        skipped = folder.scan(family).skipped
+        text = " ".join(f"{p}: {why}" for p, why in skipped.items())
+        for name in expected_skips[family]:
+            assert name in text, (family, name, text)
+        assert "Too many levels of symbolic links" in text
+        catalog = resources["zarr_store"].catalog(family)
+        settings = RESOURCES[SETTINGS[family]].values()
+        store = resources["zarr_store"].store()
+        _, entries = family_status(family, store, catalog, settings, None, {})
+        (unreadable,) = [e for e in entries if e.state == "unreadable"]
+        assert str(raw / "loop") in unreadable.keys

@@ -22,7 +22,7 @@ class Entry:
     """Partitions of a family in one state, and what to do about them."""
 
     family: str
-    state: str  # missing | stale | failed | running | no source | conflict
+    state: str  # missing | stale | failed | running | no source | conflict | unreadable
     keys: list[str]
     why: str
     fix: str
@@ -81,6 +81,10 @@ def family_status(
         item = index[key]
         add("conflict", [key], f"{item.location} and {', '.join(item.conflict)} claim this key",
             "rename one of the files (until then the key is left out of the dataset)")  # fmt: skip
+    for origin, skipped in sorted(catalog.skipped().items()):
+        add("unreadable", list(skipped), "discovery skipped these broken raw entries: "
+            + "; ".join(f"{p}: {why}" for p, why in list(skipped.items())[:5]),
+            f"fix or remove them under {origin.removeprefix('raw:')}")  # fmt: skip
     gone = [k for k in keys if k not in index]
     for key in gone:
         add("no source", [key], "no raw item in the catalog (never discovered, or deleted)",

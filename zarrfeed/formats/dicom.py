@@ -347,7 +347,10 @@ def group_series(files: Iterable[Path]) -> tuple[dict[str, list[Path]], list[Pat
     series: dict[str, list[Path]] = {}
     broken = []
     for path in files:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue  # removed since the folder was listed
         uid = _series_uid(str(path), st.st_size, st.st_mtime_ns)
         if uid == NOT_A_SLICE:
             continue

@@ -9,6 +9,7 @@ partitions.
 
 import hashlib
 import json
+import logging
 
 import dagster as dg
 
@@ -18,6 +19,7 @@ from zarrfeed.bulk import gc_paused
 from zarrfeed.jobs.build import datasets_build
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store.contract import FAMILIES
 
 
@@ -40,7 +42,9 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
     ) -> dg.SensorResult | dg.SkipReason:
         with gc_paused():  # 50,000 catalog items and listings, none of them garbage
             catalog = zarr_store.catalog(family)
-            changes = catalog.update(raw.origin, raw.scan(family))
+            scan = raw.scan(family)
+            changes = catalog.update(raw.origin, scan)
+            report_skipped(context.log, catalog, raw.origin, family, scan.skipped)
             index = catalog.index()  # kept by update: no second read
             known = set(context.instance.get_dynamic_partitions(partitions.name))
             # Every catalogued key is a partition, also when an earlier tick died after updating
@@ -110,6 +114,21 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
     return _discover
 
 
+def report_skipped(
+    log: logging.Logger | dg.DagsterLogManager,
+    catalog: RawCatalog,
+    origin: str,
+    family: str,
+    skipped: dict[str, str],
+) -> None:
+    """Log the broken entries discovery skipped, with their paths, and keep them for
+    ``zarrfeed status``: a symlink loop must not stop discovery, nor vanish unreported."""
+    catalog.record_skipped(origin, skipped)
+    if skipped:
+        listed = "; ".join(f"{path}: {why}" for path, why in list(skipped.items())[:20])
+        log.warning(f"{family} discovery skipped {len(skipped)} broken raw entries: {listed}")
+
+
 def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
@@ -121,7 +140,9 @@ def discover_into(
     add their partitions (for the demo, the CLI and tests).  Returns every catalogued key."""
     catalog = zarr_store.catalog(family)
     with gc_paused():
-        catalog.update(raw.origin, raw.scan(family))
+        scan = raw.scan(family)
+        catalog.update(raw.origin, scan)
+        report_skipped(logging.getLogger("zarrfeed"), catalog, raw.origin, family, scan.skipped)
         keys = sorted(catalog.index())
     name = PARTITIONS[family].name
     known = set(instance.get_dynamic_partitions(name))

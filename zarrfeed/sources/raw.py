@@ -49,11 +49,23 @@ def _stat(paths: Iterable[Path]) -> tuple[int, float]:
     return size, mtime
 
 
-def _items(found: Found, origin: str, make: callable, files: callable) -> dict[str, RawItem]:
-    """Catalog entries of ``found``; a collided key is one entry naming every location."""
-    out: dict[str, RawItem] = {}
+class Scan(dict):
+    """Key → catalog entry of every raw item found, and ``skipped``: the broken entries
+    discovery left out (path → why), for the sensor's log and ``zarrfeed status``."""
+
+    skipped: dict[str, str]
+
+
+def _items(found: Found, origin: str, make: callable, files: callable) -> Scan:
+    """Catalog entries of ``found``; a collided key is one entry naming every location.  An
+    item whose files cannot be stat'ed (gone since the walk, unreachable) is skipped."""
+    out = Scan()
+    out.skipped = dict(found.skipped)
     for key, thing in found.items.items():
-        out[key] = make(key, thing, *_stat(files(thing)))
+        try:
+            out[key] = make(key, thing, *_stat(files(thing)))
+        except OSError as exc:
+            out.skipped[str(exc.filename or key)] = exc.strerror or str(exc)
     for key, paths in found.collisions.items():
         first, *others = paths
         out[key] = RawItem(
@@ -62,12 +74,12 @@ def _items(found: Found, origin: str, make: callable, files: callable) -> dict[s
     return out
 
 
-def scan_ct(root: str | Path, metadata: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+def scan_ct(root: str | Path, metadata: Mapping[str, Mapping[str, str]] | None = None) -> Scan:
     """Key → catalog entry for every CT item under ``root`` (NIfTI, DICOM series,
     ``.npy``/``.npz`` volumes); ``metadata`` defaults to the CT-RATE CSVs found there."""
     origin = raw_origin(root)
     tree = walk_tree(root)  # one walk finds the volumes and the CSVs
-    rows = read_ct_rate_metadata(root, tree) if metadata is None else metadata
+    rows = read_ct_rate_metadata(root, tree, tree.skipped) if metadata is None else metadata
 
     def make(key: str, item: CTItem, size: int, mtime: float) -> RawItem:
         claim = csv_rescale(rows.get(key))
@@ -89,7 +101,7 @@ def ct_item(item: RawItem, local: Path | None = None) -> CTItem:
     return CTItem(item.key, item.kind, Path(item.location), files, item.detail.get("series_uid"))
 
 
-def scan_spike(root: str | Path) -> dict[str, RawItem]:
+def scan_spike(root: str | Path) -> Scan:
     """Key → catalog entry for every spike sequence under ``root``."""
     origin = raw_origin(root)
 
@@ -115,7 +127,7 @@ def spike_sequence(item: RawItem) -> SpikeSequence:
     )
 
 
-def scan_images(root: str | Path) -> dict[str, RawItem]:
+def scan_images(root: str | Path) -> Scan:
     """Key → catalog entry for every image set (a folder of images) under ``root``."""
     origin = raw_origin(root)
 
