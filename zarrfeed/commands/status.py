@@ -136,4 +136,7 @@ def failure_cause(instance: Any, key: str) -> str:
     for record in instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = record.dagster_event
         return f"{event.step_key}: {root_cause(event.event_specific_data.error)}"
+    for record in instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
+        if record.dagster_event.message:  # a run failed from outside, e.g. its process gone
+            return f"run {runs[0].run_id[:8]}: {record.dagster_event.message}"
     return f"run {runs[0].run_id[:8]} failed"
