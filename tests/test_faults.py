@@ -3,11 +3,15 @@ broken entries, decompression bombs, dead runs, suggested fixes, colliding keys.
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
+import nibabel as nib
 import numpy as np
 import pytest
 from graph import build, checks, discover, failure, materialize
@@ -17,7 +21,7 @@ from zarrfeed.assets.datasets import ct_dataset
 from zarrfeed.commands.status import family_status
 from zarrfeed.definitions import RESOURCES
 from zarrfeed.errors import InputError
-from zarrfeed.formats import write_nifti
+from zarrfeed.formats import read_nifti, write_nifti
 from zarrfeed.jobs import sensors
 from zarrfeed.resources import CTSettings, RawFolderResource
 from zarrfeed.samples import ct_phantom
@@ -182,3 +186,58 @@ def test_broken_entries_are_reported_and_skipped_and_every_family_still_discover
         _, entries = family_status(family, store, catalog, settings, None, {})
         (unreadable,) = [e for e in entries if e.state == "unreadable"]
         assert str(raw / "loop") in unreadable.keys
+
+
+def gzip_bomb(path: Path, shape: tuple[int, int, int]) -> Path:
+    """A real .nii.gz bomb: an int16 header claiming ``shape`` and as many zeros as it claims,
+    written as gzip members of 64 MiB of zeros each (one compressed member, repeated: the
+    file truly inflates to the claim at about 1000:1)."""
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(np.int16)
+    header.set_qform(np.eye(4), code=1)
+    header.set_sform(np.eye(4), code=1)
+    head = header.binaryblock + b"\0" * 4  # the extension flag; voxels start at byte 352
+    member = gzip.compress(bytes(64 << 20), compresslevel=9)
+    payload = int(np.prod(shape)) * 2
+    with open(path, "wb") as f:
+        f.write(gzip.compress(head))
+        for _ in range(payload // (64 << 20)):
+            f.write(member)
+    return path
+
+
+def test_a_gzip_bomb_beyond_a_plausible_ct_is_refused_naming_the_file_and_bound(tmp_path):
+    bomb = gzip_bomb(tmp_path / "bomb.nii.gz", (1024, 1024, 2048))  # 4 GiB of int16
+    assert bomb.stat().st_size < 8 << 20
+    with pytest.raises(InputError) as err:
+        read_nifti(bomb)
+    message = str(err.value)
+    assert "bomb.nii.gz" in message and "plausible ct item" in message
+    assert "1024×1024×2048 int16" in message and str(6 << 30) in message  # claim and bound
+    assert "ZARRFEED_MAX_CT_BYTES" in message
+
+
+BOMB_UNDER_LIMIT = """
+import resource, sys
+from zarrfeed.formats import read_nifti
+from zarrfeed.formats.limits import _self_vm_bytes
+resource.setrlimit(resource.RLIMIT_AS, (_self_vm_bytes() + (2 << 30),) * 2)
+try:
+    read_nifti(sys.argv[1]).to_hu()
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_gzip_bomb_under_a_memory_limit_fails_naming_the_file(tmp_path):
+    """1 GiB of int16 is a plausible CT, but with its float32 HU copy it does not fit in the
+    2 GiB this process may still take: an InputError names the file, not MemoryError."""
+    bomb = gzip_bomb(tmp_path / "big.nii.gz", (512, 512, 2048))
+    out = subprocess.run(
+        [sys.executable, "-c", BOMB_UNDER_LIMIT, str(bomb)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.stdout.startswith("InputError"), out.stdout + out.stderr[-2000:]
+    assert "big.nii.gz" in out.stdout and "bytes available to this process" in out.stdout
+    assert "512×512×2048 int16" in out.stdout and "HU copy" in out.stdout  # the claim

@@ -24,6 +24,7 @@ from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.errors import InputError
 from zarrfeed.formats import read_image
 from zarrfeed.formats.discover import image_files
+from zarrfeed.formats.limits import claimed_bytes, require_allocatable
 from zarrfeed.previews import image_png
 from zarrfeed.resources import BuildOptions, ImageSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawItem
@@ -44,7 +45,10 @@ def read_set(files: list[Path]) -> np.ndarray:
     """(N, H, W, C) of a folder's images, which must share one shape and dtype."""
     first = read_image(files[0])
     first = first[..., None] if first.ndim == 2 else first
-    out = np.empty((len(files), *first.shape), first.dtype)
+    shape = (len(files), *first.shape)
+    what = f"{len(files)} images of {first.dtype} {first.shape}"
+    require_allocatable(files[0].parent, claimed_bytes(shape, first.dtype.itemsize), what, "images")
+    out = np.empty(shape, first.dtype)
     for i, path in enumerate(files):
         img = first if i == 0 else read_image(path)
         img = img[..., None] if img.ndim == 2 else img

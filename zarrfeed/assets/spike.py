@@ -16,6 +16,7 @@ from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.errors import InputError
 from zarrfeed.formats import read_dat, read_image
 from zarrfeed.formats.discover import SpikeSequence
+from zarrfeed.formats.limits import claimed_bytes, require_allocatable
 from zarrfeed.previews import grid_png
 from zarrfeed.resources import BuildOptions, SpikeSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
@@ -71,7 +72,10 @@ def _sequence_step(
 
 def _voxels(bins: int) -> tuple[Callable, Callable, Callable]:
     def produce(seq: SpikeSequence, samples: list[str]) -> dict[str, np.ndarray]:
-        out = np.empty((len(samples), bins, seq.height, seq.width), np.uint8)
+        shape = (len(samples), bins, seq.height, seq.width)
+        what = f"{'×'.join(map(str, shape))} uint8 voxel bins"
+        require_allocatable(seq.folder, claimed_bytes(shape, 1), what, "spike")
+        out = np.empty(shape, np.uint8)
         for i, stem in enumerate(samples):
             path = seq.folder / seq.spike_folder / f"{stem}.dat"
             out[i] = sp.voxel_bins(
@@ -104,7 +108,10 @@ def _voxels(bins: int) -> tuple[Callable, Callable, Callable]:
 def _frames(seq: SpikeSequence, samples: list[str]) -> dict[str, np.ndarray]:
     out = {}
     for kind in ("blur", "sharp"):
-        frames = np.empty((len(samples), seq.height, seq.width, 3), np.uint8)
+        shape = (len(samples), seq.height, seq.width, 3)
+        what = f"{'×'.join(map(str, shape))} uint8 {kind} frames"
+        require_allocatable(seq.folder, claimed_bytes(shape, 1), what, "spike")
+        frames = np.empty(shape, np.uint8)
         for i, stem in enumerate(samples):
             path = seq.folder / kind / f"{stem}.png"
             img = read_image(path)
