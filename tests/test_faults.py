@@ -241,3 +241,13 @@ def test_a_gzip_bomb_under_a_memory_limit_fails_naming_the_file(tmp_path):
     assert out.stdout.startswith("InputError"), out.stdout + out.stderr[-2000:]
     assert "big.nii.gz" in out.stdout and "bytes available to this process" in out.stdout
     assert "512×512×2048 int16" in out.stdout and "HU copy" in out.stdout  # the claim
+
+
+def test_raising_the_plausible_bound_as_the_refusal_suggests_reads_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "scan.nii.gz"
+    write_nifti(path, np.zeros((8, 16, 16), np.int16), (1.0, 1.0, 1.0))
+    monkeypatch.setenv("ZARRFEED_MAX_CT_BYTES", "1000")
+    with pytest.raises(InputError, match=r"scan\.nii\.gz.*raise ZARRFEED_MAX_CT_BYTES"):
+        read_nifti(path)
+    monkeypatch.setenv("ZARRFEED_MAX_CT_BYTES", "100000")
+    assert read_nifti(path).shape == (8, 16, 16)

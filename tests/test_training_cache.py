@@ -409,6 +409,8 @@ def test_a_budget_of_a_few_batches_is_refused_in_one_line_or_holds_with_two_work
     message = str(refused.value)
     assert "\n" not in message and "or use workers=0" in message
     smallest = float(re.search(r"smallest cache_gb that works is ([\d.]+)", message)[1])
+    loader, _ = make_loader(ds, 4, workers=0, log=None)  # the other way out it names
+    assert sum(len(b["image"]) for b in loader) == len(ds)
     for _ in range(2):  # Shmem is machine-wide: a second try, should another process allocate
         ds = CTPatchDataset(store, cache_gb=smallest)
         clear_caches()
