@@ -18,7 +18,7 @@ from crash import hold
 from ct_builds import ct_raw, register
 from services import postgres_database, wait_for
 
-from zarrfeed.commands.status import failure_cause
+from zarrfeed.commands.status import partition_states
 from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrator_pid
 from zarrfeed.processes import HOST_TAG, host_identity
 
@@ -99,7 +99,7 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
                 wait_for(lambda: failed(instance, run.run_id), 60, "the dead run failed", 5)
                 assert time.monotonic() - killed < 60
                 assert instance.get_runs_count(dg.RunsFilter(statuses=IN_PROGRESS)) == 0
-                cause = failure_cause(instance, key)
+                cause = partition_states(instance, "ct", [key])[key]  # as `status` says it
                 assert f"pid {pid}" in cause and "is gone" in cause, cause
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)  # orphaned step processes too
