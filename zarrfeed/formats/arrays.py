@@ -213,6 +213,9 @@ def read_array_volume(path: str | Path) -> Volume:
         data, own = read_npy(path), {}
     if data.ndim != 3 or data.dtype.kind not in "iuf":
         raise InputError(path, "a 3-D (z, y, x) numeric array", f"{data.shape} {data.dtype}")
+    # A .npy is memory-mapped, but the build makes a float32 HU copy of it: bound that.
+    what = f"the float32 HU copy of a {data.shape} {data.dtype} volume"
+    require_allocatable(path, claimed_bytes(data.shape, 4), what, "ct")
     sidecar = path.with_name(_stem(path) + ".json")
     facts = _merge(path, own, sidecar)
     return Volume(
