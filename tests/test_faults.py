@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -23,6 +24,7 @@ from zarrfeed.definitions import RESOURCES
 from zarrfeed.errors import InputError
 from zarrfeed.formats import read_nifti, write_nifti
 from zarrfeed.jobs import sensors
+from zarrfeed.processes import host_identity, process_alive, rebooted
 from zarrfeed.resources import CTSettings, RawFolderResource
 from zarrfeed.samples import ct_phantom
 from zarrfeed.sources.raw import SourceWatch
@@ -251,3 +253,16 @@ def test_raising_the_plausible_bound_as_the_refusal_suggests_reads_the_file(tmp_
         read_nifti(path)
     monkeypatch.setenv("ZARRFEED_MAX_CT_BYTES", "100000")
     assert read_nifti(path).shape == (8, 16, 16)
+
+
+def test_a_process_is_alive_only_while_its_pid_is_not_dead_reused_or_from_another_boot():
+    now = time.time()
+    assert process_alive(os.getpid(), now)
+    assert not process_alive(os.getpid(), now - 3600 * 24 * 365)  # a pid reused since
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not process_alive(child.pid, now)
+    here = host_identity()
+    host, boot, namespace = here.split("/")
+    assert not rebooted(here) and rebooted(f"{host}/another-boot/{namespace}")
+    assert not rebooted(f"another-host/{boot}/{namespace}")  # left to that host's sensor

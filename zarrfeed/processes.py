@@ -16,14 +16,23 @@ HOST_TAG = "zarrfeed/host"  # the Dagster run tag holding host_identity() of a r
 
 @cache
 def host_identity() -> str:
-    """``hostname/boot id``: the boot id changes at every boot, so a pid recorded before a
-    reboot is never mistaken for a live process after it."""
+    """``hostname/boot id/pid namespace``, where pids mean something: the boot id changes at
+    every boot, so a pid recorded before a reboot is never taken for a process after it, and
+    containers on one kernel share the boot id but not the pid namespace."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
-        boot = "unknown-boot"
-    return f"{socket.gethostname()}/{boot}"
+        boot, namespace = "unknown-boot", 0
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
+def rebooted(identity: str) -> bool:
+    """Whether ``identity`` (a :func:`host_identity`) names this host before its last boot."""
+    host, boot, *_ = (*identity.split("/"), "", "")
+    here_host, here_boot, *_ = host_identity().split("/")
+    return host == here_host and boot != here_boot
 
 
 def _boot_time() -> float:

@@ -5,12 +5,13 @@ by ``dg launch``, ``dagster asset materialize``, ``zarrfeed demo`` or ``execute_
 has no launcher to ask: killed, it stays STARTED, holds a run slot (``max_concurrent_runs``)
 and its pool slots, and a queued run waits until the maximum runtime.
 
-Every zarrfeed run says where it runs: the store resource tags the run with its host (and
-boot) when a step starts, and Dagster's in-process and multiprocess executors log the pid of
-the process that orchestrates the run ("Executing steps … (pid: N)").  The ``dead_runs``
-sensor, on the daemon's host, fails every started run of that host whose orchestrating
-process no longer exists — or is a newer process that reuses its pid, or the host has
-rebooted since — with a message saying so, which ``zarrfeed status`` shows as the cause.
+Every zarrfeed run says where it runs: the store resource tags the run with its host, boot
+and pid namespace (:func:`zarrfeed.processes.host_identity`) when a step starts, and
+Dagster's in-process and multiprocess executors log the pid of the process that
+orchestrates the run ("Executing steps … (pid: N)").  The ``dead_runs`` sensor, on the
+daemon's host, fails every started run of that host whose orchestrating process no longer
+exists — or is a newer process that reuses its pid, or the host has rebooted since — with a
+message saying so, which ``zarrfeed status`` shows as the cause.
 Runs on other hosts are left to a daemon there; runs without a recorded process (a Celery
 run, a run not yet started) to Dagster's own monitoring.
 """
@@ -22,7 +23,7 @@ import time
 import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
-from zarrfeed.processes import HOST_TAG, host_identity, process_alive
+from zarrfeed.processes import HOST_TAG, host_identity, process_alive, rebooted
 
 IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 # Messages of the engine events Dagster's executors log in the run's orchestrating process.
@@ -46,21 +47,20 @@ def fail_dead_runs(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
     (run id, message) of each, the message as the run's failure says it."""
     failed = []
     here = host_identity()
-    hostname = here.split("/", 1)[0]
     for record in instance.get_run_records(dg.RunsFilter(statuses=IN_PROGRESS)):
         run = record.dagster_run
-        host = run.tags.get(HOST_TAG)
-        if host is None or host.split("/", 1)[0] != hostname:
-            continue
+        host = run.tags.get(HOST_TAG, "")
+        if host != here and not rebooted(host):
+            continue  # another host or container: its own dead_runs sensor judges
         pid = orchestrator_pid(instance, run.run_id)
         if pid is None:
             continue
         if host == here and process_alive(pid, record.start_time):
             continue
-        gone = "the host rebooted since" if host != here else "it was killed or crashed"
+        gone = "it was killed or crashed" if host == here else "the host rebooted since"
         message = (
-            f"the process running it (pid {pid} on {hostname}) is gone: {gone}; marked failed "
-            "so that it no longer holds a run slot — launch the partition again"
+            f"the process running it (pid {pid} on {host.split('/')[0]}) is gone: {gone}; marked "
+            "failed so that it no longer holds a run slot — launch the partition again"
         )
         instance.report_run_failed(run, message=message)
         failed.append((run.run_id, message))
