@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from zarrfeed.errors import ConfigError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store import zarrstore as zarrstore_module
 from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
@@ -396,3 +398,23 @@ def _hold(path: str, ready) -> None:
     locks.lock(fd, 7)
     ready.set()
     time.sleep(600)
+
+
+@pytest.mark.slow
+def test_a_budget_of_a_few_batches_is_refused_in_one_line_or_holds_with_two_workers(tmp_path):
+    store = build_ct(tmp_path / "store.zarr", n=16, shape=(64, 128, 256), per=16)
+    ds = CTPatchDataset(store, cache_gb=unit_budget_gb(8))  # 16 batches of 4 × 32³ float16
+    with pytest.raises(ConfigError) as refused:
+        make_loader(ds, 4, workers=2, context="fork", log=None)
+    message = str(refused.value)
+    assert "\n" not in message and "or use workers=0" in message
+    smallest = float(re.search(r"smallest cache_gb that works is ([\d.]+)", message)[1])
+    loader, _ = make_loader(ds, 4, workers=0, log=None)  # the other way out it names
+    assert sum(len(b["image"]) for b in loader) == len(ds)
+    for _ in range(2):  # Shmem is machine-wide: a second try, should another process allocate
+        ds = CTPatchDataset(store, cache_gb=smallest)
+        clear_caches()
+        rise, _ = _epoch_peaks(ds, workers=2)
+        if rise <= 1.1 * ds.budget_bytes:
+            break
+    assert rise <= 1.1 * ds.budget_bytes, rise / ds.budget_bytes

@@ -31,6 +31,7 @@ from zarrfeed.assets.checks import CHECK_DOCS
 from zarrfeed.assets.metadata import partition_metadata
 from zarrfeed.checksums import ATTR, array_sha256
 from zarrfeed.errors import ZarrfeedError
+from zarrfeed.sources.raw import SourceWatch
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.contract import StoredAsset, failed_checks
 
@@ -67,6 +68,7 @@ class Step:
     check: Callable[[dict[str, np.ndarray]], Checks]
     describe: Callable[[dict[str, np.ndarray]], dict[str, Any]] = lambda arrays: {}
     attrs: dict[str, Any] = field(default_factory=dict)  # more provenance
+    watch: SourceWatch | None = None  # the raw files produce reads, checked after reading
 
 
 def upstream(store: ZarrStore, spec: StoredAsset, key: str) -> str:
@@ -126,7 +128,14 @@ def build_partition(
         why = "stored data failed its checks"
     why = why or ("first build" if record is None else "inputs, settings or code changed")
     t0 = time.perf_counter()
-    arrays = step.produce()
+    try:
+        arrays = step.produce()
+    except Exception:
+        if step.watch is not None:
+            step.watch.verify()  # a vanished or replaced file, named as such
+        raise
+    if step.watch is not None:
+        step.watch.verify()
     conform(spec, settings, arrays)
     with ThreadPoolExecutor(1, thread_name_prefix="checksum") as pool:
         # The checksums are computed beside the checks and the write (hashlib releases the

@@ -32,7 +32,7 @@ from zarrfeed.formats import read_ct, read_nifti_header
 from zarrfeed.previews import volume_png
 from zarrfeed.resources import BuildOptions, CTSettings, HuggingFaceResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
-from zarrfeed.sources.raw import ct_item, is_hub, source_identity
+from zarrfeed.sources.raw import SourceWatch, ct_item, is_hub, source_identity
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import CT_HU, CT_PATCHES, CT_SPARSE, CT_WINDOWS, FAMILIES, SOURCE
 from zarrfeed.transforms import ct, hu
@@ -107,8 +107,9 @@ def _hu_step(
         out = arrays["hu"]
         lo, hi = preset.clip
         in_range = bool(out.dtype == np.int16 and out.size and out.min() >= lo and out.max() <= hi)
-        plausible, facts = hu.hu_plausibility(out)
-        data, spacing = source_hu()
+        data, spacing = source_hu()  # also the decision: an override is judged as one
+        overridden = state["decision"].source == "override"
+        plausible, facts = hu.hu_plausibility(out, overridden=overridden)
         resampled = ct.resampled_shape(data.shape, spacing, preset.spacing)
         if preset.shape is not None:
             shape_ok, error = out.shape == preset.shape, 0.0  # cropped/padded: shape only
@@ -150,6 +151,7 @@ def _hu_step(
         check=check,
         describe=describe,
         attrs={"source_stamp": item.stamp, "source_kind": item.kind},
+        watch=SourceWatch(item),
     )
     return step
 

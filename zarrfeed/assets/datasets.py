@@ -23,7 +23,7 @@ from zarrfeed.assets.metadata import mib, table
 from zarrfeed.formats.discover import read_ct_rate_labels
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import DATASETS, Dataset
+from zarrfeed.store.contract import DATASETS, FAMILIES, Dataset
 
 # The nightly schedules rebuild what is missing or stale; a manifest older than two days means
 # they have stopped.
@@ -64,6 +64,18 @@ def data_version(manifest: dict[str, Any], extra: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def conflicts(zarr_store: ZarrStoreResource, ds: Dataset) -> dict[str, list[str]]:
+    """Key → why, for the keys two or more raw items now claim: their committed partitions
+    were built from one of them, and which one training should read is undecided until the
+    user renames one (``zarrfeed status`` lists them)."""
+    family = next(f.name for f in FAMILIES.values() if f.dataset.name == ds.name)
+    return {
+        key: [f"conflict: {item.location} and {', '.join(item.conflict)} claim this key"]
+        for key, item in zarr_store.catalog(family).index().items()
+        if item.conflict
+    }
+
+
 def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
     name = f"{ds.name}_dataset"
 
@@ -95,7 +107,9 @@ def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
     )
     def _dataset(zarr_store: ZarrStoreResource, raw: RawFolderResource) -> dg.MaterializeResult:
         store = zarr_store.store()
-        manifest = store.write_dataset(ds.name, [a.path for a in ds.assets])
+        manifest = store.write_dataset(
+            ds.name, [a.path for a in ds.assets], conflicts(zarr_store, ds)
+        )
         keys = manifest["keys"]
         pinned = {a: [p["version"] for p in m["partitions"]] for a, m in manifest["assets"].items()}
         consolidated = {

@@ -24,10 +24,11 @@ from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.errors import InputError
 from zarrfeed.formats import read_image
 from zarrfeed.formats.discover import image_files
+from zarrfeed.formats.limits import claimed_bytes, require_allocatable
 from zarrfeed.previews import image_png
 from zarrfeed.resources import BuildOptions, ImageSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import source_identity
+from zarrfeed.sources.raw import SourceWatch, source_identity
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import FAMILIES, IMAGE_PATCHES, IMAGE_STORE, SOURCE
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
@@ -44,7 +45,10 @@ def read_set(files: list[Path]) -> np.ndarray:
     """(N, H, W, C) of a folder's images, which must share one shape and dtype."""
     first = read_image(files[0])
     first = first[..., None] if first.ndim == 2 else first
-    out = np.empty((len(files), *first.shape), first.dtype)
+    shape = (len(files), *first.shape)
+    what = f"{len(files)} images of {first.dtype} {first.shape}"
+    require_allocatable(files[0].parent, claimed_bytes(shape, first.dtype.itemsize), what, "images")
+    out = np.empty(shape, first.dtype)
     for i, path in enumerate(files):
         img = first if i == 0 else read_image(path)
         img = img[..., None] if img.ndim == 2 else img
@@ -75,6 +79,7 @@ def _overlay(image: np.ndarray, origins: np.ndarray, patch: tuple[int, ...]) -> 
 def _store_step(catalog, key: str) -> Step:
     item = resolve(catalog, key)
     sha = content_hash(catalog, item)
+    watch = SourceWatch(item)
     files = image_files(Path(item.location))
     if not files:
         raise InputError(item.location, "image files (.png, .jpg, .tif)", "none")
@@ -98,6 +103,7 @@ def _store_step(catalog, key: str) -> Step:
             ),
         },
         attrs={"source_stamp": item.stamp, "names": [p.name for p in files]},
+        watch=watch,
     )
 
 

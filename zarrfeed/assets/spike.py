@@ -16,27 +16,27 @@ from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.errors import InputError
 from zarrfeed.formats import read_dat, read_image
 from zarrfeed.formats.discover import SpikeSequence
+from zarrfeed.formats.limits import claimed_bytes, require_allocatable
 from zarrfeed.previews import grid_png
 from zarrfeed.resources import BuildOptions, SpikeSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
-from zarrfeed.sources.raw import source_identity, spike_sequence
+from zarrfeed.sources.raw import SourceWatch, source_identity, spike_sequence
 from zarrfeed.store.contract import FAMILIES, SOURCE, SPIKE_FRAMES, SPIKE_VOXELS, StoredAsset
 from zarrfeed.transforms import spike as sp
 
 
 def describe_sequence(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    """Facts of a sequence; an incomplete sample fails the step naming its missing files
+    (:meth:`SpikeSequence.samples`, the notion the build and discovery share)."""
     seq = spike_sequence(item)
-    per_folder = {
-        sub: len(list((seq.folder / sub).glob("*"))) for sub in (seq.spike_folder, "blur", "sharp")
-    }
+    samples = seq.samples()
     facts = {
-        "samples": len(seq.samples()),
+        "samples": len(samples),
         "height": seq.height,
         "width": seq.width,
         "layout": f"{seq.spike_folder} ({seq.layout}, {seq.frames} frames per sample)",
     }
-    # every sample has its spikes, blur and sharp frame
-    return facts, len(set(per_folder.values())) == 1, {"files_per_folder": per_folder}
+    return facts, bool(samples), {"samples": len(samples), "files": len(seq.files())}
 
 
 def _sequence_step(
@@ -48,6 +48,7 @@ def _sequence_step(
 ) -> Step:
     item = resolve(catalog, key)
     sha, seq = content_hash(catalog, item), spike_sequence(item)
+    watch = SourceWatch(item)  # before the listing: a sample added after it shows
     samples = seq.samples()
     if not samples:
         raise InputError(seq.folder, f"samples in {seq.spike_folder}/, blur/ and sharp/", "none")
@@ -65,12 +66,16 @@ def _sequence_step(
             "frames": seq.frames,
             "spike_folder": seq.spike_folder,
         },
+        watch=watch,
     )
 
 
 def _voxels(bins: int) -> tuple[Callable, Callable, Callable]:
     def produce(seq: SpikeSequence, samples: list[str]) -> dict[str, np.ndarray]:
-        out = np.empty((len(samples), bins, seq.height, seq.width), np.uint8)
+        shape = (len(samples), bins, seq.height, seq.width)
+        what = f"{'×'.join(map(str, shape))} uint8 voxel bins"
+        require_allocatable(seq.folder, claimed_bytes(shape, 1), what, "spike")
+        out = np.empty(shape, np.uint8)
         for i, stem in enumerate(samples):
             path = seq.folder / seq.spike_folder / f"{stem}.dat"
             out[i] = sp.voxel_bins(
@@ -103,7 +108,10 @@ def _voxels(bins: int) -> tuple[Callable, Callable, Callable]:
 def _frames(seq: SpikeSequence, samples: list[str]) -> dict[str, np.ndarray]:
     out = {}
     for kind in ("blur", "sharp"):
-        frames = np.empty((len(samples), seq.height, seq.width, 3), np.uint8)
+        shape = (len(samples), seq.height, seq.width, 3)
+        what = f"{'×'.join(map(str, shape))} uint8 {kind} frames"
+        require_allocatable(seq.folder, claimed_bytes(shape, 1), what, "spike")
+        frames = np.empty(shape, np.uint8)
         for i, stem in enumerate(samples):
             path = seq.folder / kind / f"{stem}.png"
             img = read_image(path)

@@ -22,7 +22,7 @@ class Entry:
     """Partitions of a family in one state, and what to do about them."""
 
     family: str
-    state: str  # missing | stale | failed | running | no source | conflict
+    state: str  # missing | stale | failed | running | no source | conflict | unreadable
     keys: list[str]
     why: str
     fix: str
@@ -80,7 +80,11 @@ def family_status(
     for key in conflicts:
         item = index[key]
         add("conflict", [key], f"{item.location} and {', '.join(item.conflict)} claim this key",
-            "rename one of the files")  # fmt: skip
+            "rename one of the files (until then the key is left out of the dataset)")  # fmt: skip
+    for origin, skipped in sorted(catalog.skipped().items()):
+        add("unreadable", list(skipped), "discovery skipped these broken raw entries: "
+            + "; ".join(f"{p}: {why}" for p, why in list(skipped.items())[:5]),
+            f"fix or remove them under {origin.removeprefix('raw:')}")  # fmt: skip
     gone = [k for k in keys if k not in index]
     for key in gone:
         add("no source", [key], "no raw item in the catalog (never discovered, or deleted)",
@@ -132,4 +136,7 @@ def failure_cause(instance: Any, key: str) -> str:
     for record in instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = record.dagster_event
         return f"{event.step_key}: {root_cause(event.event_specific_data.error)}"
+    for record in instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
+        if record.dagster_event.message:  # a run failed from outside, e.g. its process gone
+            return f"run {runs[0].run_id[:8]}: {record.dagster_event.message}"
     return f"run {runs[0].run_id[:8]} failed"

@@ -25,7 +25,12 @@ from pydicom.pixels import pixel_array
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from zarrfeed.errors import InputError
-from zarrfeed.formats.limits import MAX_INFLATE_RATIO, require_bytes
+from zarrfeed.formats.limits import (
+    MAX_INFLATE_RATIO,
+    claimed_bytes,
+    require_allocatable,
+    require_bytes,
+)
 from zarrfeed.formats.volume import Volume, to_ras
 from zarrfeed.transforms.hu import IDENTITY
 
@@ -239,7 +244,10 @@ def read_dicom_series(
             raise InputError(slices[0][0], "SliceThickness for a single-slice series", "none")
         dz = float(_numbers(slices[0][0], slices[0][1], "SliceThickness", 1)[0])
     tagged = _rescale_tags(slices)
-    volume = np.empty((len(slices), rows, cols), dtype=np.float32)
+    shape = (len(slices), rows, cols)
+    what = f"a {'×'.join(map(str, shape))} float32 series volume"
+    require_allocatable(slices[0][0].parent, claimed_bytes(shape, 4), what, "ct")
+    volume = np.empty(shape, dtype=np.float32)
     padding = None
     for out_i, in_i in enumerate(order):
         f, ds = slices[in_i]
@@ -347,7 +355,10 @@ def group_series(files: Iterable[Path]) -> tuple[dict[str, list[Path]], list[Pat
     series: dict[str, list[Path]] = {}
     broken = []
     for path in files:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue  # removed since the folder was listed
         uid = _series_uid(str(path), st.st_size, st.st_mtime_ns)
         if uid == NOT_A_SLICE:
             continue

@@ -5,6 +5,10 @@ needs a look inside: one file per folder without ``.dcm`` suffixes is sniffed fo
 at byte 128, and in DICOM folders each file's header start is read once (cached by size and
 mtime) for its SeriesInstanceUID.
 
+Discovery survives any single broken entry: a symlink loop, a dangling link, a folder it may
+not list, a ``dataset.json`` or metadata CSV it cannot parse is skipped and reported with its
+path and the reason (``Found.skipped``); every other item is still found.
+
 Every finder returns a :class:`Found`: partition key → item, plus the collisions, keys that
 two or more raw items sanitise to (``x y.nii.gz`` and ``x_y.nii.gz``).  A collision neither
 fails the whole discovery nor drops one item silently: its partition fails alone, naming
@@ -29,8 +33,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Generic, NamedTuple, TypeVar
 
@@ -63,6 +66,7 @@ class Found(Generic[T]):
     root: Path
     items: dict[str, T]
     collisions: dict[str, tuple[Path, ...]]
+    skipped: dict[str, str] = field(default_factory=dict)  # broken entry's path → why
 
     def keys(self) -> list[str]:
         """Every partition key, collided ones included (they fail alone when built)."""
@@ -82,21 +86,29 @@ class Found(Generic[T]):
         return self.items[key]
 
 
-def _collect(root: Path, found: Iterable[tuple[str, Path, T]]) -> Found[T]:
+def _collect(root: Path, found: Iterable[tuple[str, Path, T]], skipped: dict[str, str]) -> Found[T]:
     """Group (key, source path, item) triples into items and collisions."""
     by_key: dict[str, list[tuple[Path, T]]] = {}
     for key, path, item in found:
         by_key.setdefault(key, []).append((path, item))
     items = {k: v[0][1] for k, v in by_key.items() if len(v) == 1}
     collisions = {k: tuple(sorted(p for p, _ in v)) for k, v in by_key.items() if len(v) > 1}
-    return Found(root, dict(sorted(items.items())), dict(sorted(collisions.items())))
+    return Found(root, dict(sorted(items.items())), dict(sorted(collisions.items())), dict(skipped))
 
 
 class _Listing(NamedTuple):
     mtime: int
     folders: list[str]
     names: list[str]
+    skipped: dict[str, str]  # entry → why it was left out
     path: Path
+
+
+class Tree(dict):
+    """:func:`walk_tree`'s result: folder → sorted file names, in path order, and
+    ``skipped``: every broken entry met (path → why), so finders can report them."""
+
+    skipped: dict[str, str]
 
 
 # Folder → its listing as the last walk in this process saw it.
@@ -104,9 +116,11 @@ _LISTINGS: dict[str, _Listing] = {}
 _SETTLED_NS = 2_000_000_000  # a folder changed less than this ago may change again unseen
 
 
-def walk_tree(root: str | Path) -> dict[Path, list[str]]:
+def walk_tree(root: str | Path) -> Tree:
     """Folder → sorted file names of every folder under ``root``, in path order.  Hidden
     entries and symlinked folders are skipped (no cycles); a missing root is an empty tree.
+    Broken entries (a symlink loop, a dangling link, a folder that cannot be listed) are
+    left out and listed in the result's ``skipped``.
 
     A discovery sensor walks the same 50,000-file tree every tick, so a folder whose mtime
     (which changes when an entry is added, removed or renamed) is what the last walk in this
@@ -119,38 +133,55 @@ def walk_tree(root: str | Path) -> dict[Path, list[str]]:
     seen: dict[str, _Listing] = {}
     now = time.time_ns()
     stack = [os.fspath(root)] if os.path.isdir(root) else []
+    skipped: dict[str, str] = {}
     while stack:
         folder = stack.pop()
         try:
             mtime = os.stat(folder).st_mtime_ns
         except FileNotFoundError:
             continue  # removed while walking
+        except OSError as exc:
+            skipped[folder] = f"cannot stat the folder: {exc.strerror or exc}"
+            continue
         listing = _LISTINGS.get(folder)
         if listing is None or listing.mtime != mtime or now - mtime <= _SETTLED_NS:
             listing = _Listing(mtime, *_list(folder), Path(folder))
         seen[folder] = listing
+        skipped.update(listing.skipped)
         stack.extend(reversed(listing.folders))  # sorted: popped smallest first
     _LISTINGS = seen  # folders gone since are forgotten
-    return {listing.path: listing.names for listing in seen.values()}  # in path order
+    tree = Tree((listing.path, listing.names) for listing in seen.values())  # in path order
+    tree.skipped = skipped
+    return tree
 
 
-def _list(folder: str) -> tuple[list[str], list[str]]:
-    """(sorted subfolders, sorted file names) of one folder, hidden ones and symlinks left
-    out.  Subfolders share their parent's path, so sorting them as strings sorts them by
-    name, and a depth-first walk that takes them in this order visits the tree in path
-    order without sorting it whole."""
-    folders, names = [], []
-    with suppress(FileNotFoundError), os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                folders.append(entry.path)
-            elif entry.is_file():
-                names.append(entry.name)
+def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
+    """(sorted subfolders, sorted file names, skipped entries) of one folder, hidden ones
+    and symlinked folders left out.  Subfolders share their parent's path, so sorting them
+    as strings sorts them by name, and a depth-first walk that takes them in this order
+    visits the tree in path order without sorting it whole."""
+    folders, names, skipped = [], [], {}
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                    elif entry.is_file():
+                        names.append(entry.name)
+                    elif entry.is_symlink() and not os.path.exists(entry.path):
+                        skipped[entry.path] = f"a dangling link to {os.readlink(entry.path)}"
+                except OSError as exc:  # a symlink loop, an entry that vanished or refuses
+                    skipped[entry.path] = exc.strerror or str(exc)
+    except FileNotFoundError:
+        pass  # removed while walking
+    except OSError as exc:  # not permitted to list it, or not a folder any more
+        skipped[folder] = f"cannot list the folder: {exc.strerror or exc}"
     folders.sort()
     names.sort()
-    return folders, names
+    return folders, names, skipped
 
 
 def _key(name: str, unique: Path) -> str:
@@ -206,7 +237,7 @@ def _dicom_items(root: Path, folder: Path, names: list[str]) -> list[tuple[str, 
     return found
 
 
-def discover_ct(root: str | Path, tree: dict[Path, list[str]] | None = None) -> Found[CTItem]:
+def discover_ct(root: str | Path, tree: Tree | None = None) -> Found[CTItem]:
     """Every CT item under ``root``: NIfTI files, ``.npy``/``.npz`` volumes (outside spike
     datasets) and DICOM series; ``tree`` is :func:`walk_tree`'s, when the caller has it."""
     global _FOUND
@@ -227,7 +258,7 @@ def discover_ct(root: str | Path, tree: dict[Path, list[str]] | None = None) -> 
             memo[folder] = (names, items, spike_roots)
         found += items + dicom
     _FOUND = memo
-    return _collect(root, found)
+    return _collect(root, found, tree.skipped)
 
 
 # Folder → (its names list from walk_tree, its non-DICOM CT items, the spike roots then).
@@ -254,16 +285,22 @@ def _ct_files(folder: Path, names: list[str], spike_roots: list[Path]) -> list:
 
 
 def read_ct_rate_metadata(
-    root: str | Path, tree: dict[Path, list[str]] | None = None
+    root: str | Path, tree: Tree | None = None, skipped: dict[str, str] | None = None
 ) -> dict[str, dict[str, str]]:
     """VolumeName stem → CT-RATE metadata row, from every ``*metadata*.csv`` under ``root``
-    (found in ``tree``, :func:`walk_tree`'s, when the caller has it)."""
+    (found in ``tree``, :func:`walk_tree`'s, when the caller has it).  A CSV that cannot be
+    read raises :class:`InputError`, or, given ``skipped``, is recorded there and left out."""
     tree = walk_tree(root) if tree is None else tree
     rows: dict[str, dict[str, str]] = {}
     for folder, names in tree.items():
         for name in names:
             if fnmatch.fnmatchcase(name, "*metadata*.csv"):
-                rows.update(_metadata_rows(folder / name))
+                try:
+                    rows.update(_metadata_rows(folder / name))
+                except (InputError, OSError, UnicodeDecodeError, csv.Error) as exc:
+                    if skipped is None:
+                        raise
+                    skipped[str(folder / name)] = str(exc)
     return rows
 
 
@@ -347,20 +384,45 @@ class SpikeSequence:
     layout: str
     frames: int
 
+    def modalities(self) -> tuple[tuple[str, str], ...]:
+        """(folder, suffix) of each file a sample has: its spikes, blurred and sharp frame."""
+        return ((self.spike_folder, ".dat"), ("blur", ".png"), ("sharp", ".png"))
+
+    def members(self) -> dict[str, list[Path]]:
+        """Sample stem → its files, one per modality folder where present.  Only files with
+        the modality's suffix are members: a stray ``notes.txt`` is no sample, and no file
+        of one; a broken link is no file (discovery reports it)."""
+        found: dict[str, list[Path]] = {}
+        for sub, suffix in self.modalities():
+            folder = self.folder / sub
+            for name in _list(str(folder))[1]:  # files as discovery sees them: no broken link
+                if name.endswith(suffix):
+                    found.setdefault(name[: -len(suffix)], []).append(folder / name)
+        return dict(sorted(found.items()))
+
     def samples(self) -> list[str]:
-        """Sample stems present in every modality (spike, blur, sharp), sorted."""
-        stems = [
-            {p.stem for p in (self.folder / sub).glob(pattern)}
-            for sub, pattern in (
-                (self.spike_folder, "*.dat"),
-                ("blur", "*.png"),
-                ("sharp", "*.png"),
-            )
+        """Every sample stem, sorted; :class:`InputError` naming each missing file when a
+        sample lacks one of its modalities (a sequence never builds with fewer samples)."""
+        members = self.members()
+        want = len(self.modalities())
+        missing = [
+            f"{sub}/{stem}{suffix}"
+            for stem, files in members.items()
+            if len(files) < want
+            for sub, suffix in self.modalities()
+            if self.folder / sub / f"{stem}{suffix}" not in files
         ]
-        return sorted(set.intersection(*stems))
+        if missing:
+            raise InputError(
+                self.folder,
+                f"every sample in {self.spike_folder}/, blur/ and sharp/",
+                f"{len(missing)} missing: " + ", ".join(missing[:20]),
+            )
+        return list(members)
 
     def files(self) -> list[Path]:
-        return sorted(p for p in self.folder.rglob("*") if p.is_file())
+        """The member files (what is hashed and watched), sorted."""
+        return sorted(p for files in self.members().values() for p in files)
 
 
 def _spike_config(path: Path) -> dict:
@@ -391,12 +453,17 @@ def discover_spike_sequences(root: str | Path) -> Found[SpikeSequence]:
     root = Path(root)
     tree = walk_tree(root)
     spike_roots = _spike_roots(tree)
-    configs = {r: _spike_config(r / SPIKE_CONFIG) for r in spike_roots}
+    skipped, configs = dict(tree.skipped), {}
+    for r in spike_roots:
+        try:
+            configs[r] = _spike_config(r / SPIKE_CONFIG)
+        except (InputError, OSError, UnicodeDecodeError) as exc:  # its sequences are left out
+            skipped[str(r / SPIKE_CONFIG)] = str(exc)
     chosen: dict[Path, str] = {}
     rank = SPIKE_FOLDERS.index
     for folder in tree:
         parent, dataset = folder.parent, _under(folder.parent, spike_roots)
-        if folder.name not in SPIKE_FOLDERS or dataset is None:
+        if folder.name not in SPIKE_FOLDERS or dataset not in configs:
             continue
         if folder.name in configs[dataset]["layouts"] and (
             parent not in chosen or rank(folder.name) < rank(chosen[parent])
@@ -410,7 +477,7 @@ def discover_spike_sequences(root: str | Path) -> Found[SpikeSequence]:
         sequence = SpikeSequence(parent, int(facts["height"]), int(facts["width"]), sub,
                                  layout["layout"], int(layout["frames"]))  # fmt: skip
         found.append((_folder_key(parent, dataset), parent, sequence))
-    return _collect(root, found)
+    return _collect(root, found, skipped)
 
 
 def discover_image_sets(root: str | Path) -> Found[Path]:
@@ -428,8 +495,10 @@ def discover_image_sets(root: str | Path) -> Found[Path]:
             if any(n.lower().endswith(IMAGE_SUFFIXES) for n in names)
             and _under(folder, spike_roots) is None
         ),
+        tree.skipped,
     )
 
 
 def image_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    """The images of a set, as discovery lists them (a broken link is no image)."""
+    return [folder / n for n in _list(str(folder))[1] if n.lower().endswith(IMAGE_SUFFIXES)]

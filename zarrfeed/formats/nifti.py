@@ -19,7 +19,13 @@ from isal import igzip
 from nibabel.openers import ImageOpener
 
 from zarrfeed.errors import InputError
-from zarrfeed.formats.limits import claimed_bytes, fill, require_bytes, require_inflatable
+from zarrfeed.formats.limits import (
+    claimed_bytes,
+    fill,
+    require_allocatable,
+    require_bytes,
+    require_inflatable,
+)
 from zarrfeed.formats.volume import Volume, to_ras
 from zarrfeed.transforms.hu import IDENTITY, Rescale
 
@@ -89,6 +95,13 @@ def _layout(path: Path) -> _Layout:
     return layout
 
 
+def _require_memory(path: Path, layout: _Layout) -> None:
+    """The volume and the float32 HU copy a build makes of it must be plausible and fit."""
+    hu_copy = claimed_bytes(layout.shape, 4)
+    what = f"{layout.describe()} and its float32 HU copy"
+    require_allocatable(path, layout.offset + layout.nbytes + hu_copy, what, "ct")
+
+
 # What a millimetre is in each of the header's xyz units; "unknown" is taken as mm.
 _MM = {"meter": 1000.0, "mm": 1.0, "micron": 1e-3, "unknown": 1.0}
 
@@ -140,6 +153,7 @@ def _inflate(path: Path, size: int) -> np.ndarray:
 
 
 def _voxels(path: Path, layout: _Layout) -> np.ndarray:
+    _require_memory(path, layout)
     count = layout.nbytes // layout.dtype.itemsize
     if path.name.endswith(".gz"):
         buf = _inflate(path, layout.offset + layout.nbytes)

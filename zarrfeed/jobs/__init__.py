@@ -9,6 +9,7 @@ from zarrfeed.jobs.build import (
     train,
 )
 from zarrfeed.jobs.discovery import discovery_sensor
+from zarrfeed.jobs.liveness import dead_runs
 from zarrfeed.jobs.nightly import nightly_schedule, store_maintenance_nightly
 
 jobs = [*build_jobs.values(), datasets_build, hub_catalog, train, store_maintenance]
@@ -16,6 +17,7 @@ sensors = [
     *(discovery_sensor(f, j) for f, j in build_jobs.items()),
     datasets_automation,
     training_automation,
+    dead_runs,
 ]
 schedules = [*(nightly_schedule(f, j) for f, j in build_jobs.items()), store_maintenance_nightly]
 

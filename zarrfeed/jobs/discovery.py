@@ -8,23 +8,28 @@ partitions.
 """
 
 import hashlib
+import json
+import logging
 
 import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import PARTITIONS
 from zarrfeed.bulk import gc_paused
+from zarrfeed.jobs.build import datasets_build
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store.contract import FAMILIES
 
 
 def discovery_sensor(family: str, job) -> dg.SensorDefinition:
     partitions, raw_asset = PARTITIONS[family], FAMILIES[family].raw_asset
+    dataset = dg.AssetKey(f"{FAMILIES[family].dataset.name}_dataset")
 
     @dg.sensor(
         name=f"{family}_discovery",
-        job=job,
+        jobs=[job, datasets_build],
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Scans the raw folder for {family} items: new ones become partitions, "
@@ -37,7 +42,9 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
     ) -> dg.SensorResult | dg.SkipReason:
         with gc_paused():  # 50,000 catalog items and listings, none of them garbage
             catalog = zarr_store.catalog(family)
-            changes = catalog.update(raw.origin, raw.scan(family))
+            scan = raw.scan(family)
+            changes = catalog.update(raw.origin, scan)
+            report_skipped(context.log, catalog, raw.origin, family, scan.skipped)
             index = catalog.index()  # kept by update: no second read
             known = set(context.instance.get_dynamic_partitions(partitions.name))
             # Every catalogued key is a partition, also when an earlier tick died after updating
@@ -50,6 +57,7 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
             )
             requests = [
                 dg.RunRequest(
+                    job_name=job.name,
                     partition_key=k,
                     run_key=f"{family}:{k}:{_digest(index[k].stamp, why)}",
                     tags={"zarrfeed/reason": why},
@@ -57,6 +65,17 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
                 for k, why in released
                 if k in index  # a queued item whose source has gone since
             ]
+            conflicted = sorted(k for k, item in index.items() if item.conflict)
+            cursor = _digest(json.dumps(conflicted))  # the conflicts the manifest reflects
+            if cursor != (context.cursor or _digest("[]")):
+                requests.append(
+                    dg.RunRequest(
+                        job_name=datasets_build.name,
+                        asset_selection=[dataset],
+                        run_key=f"{family}:conflicts:{cursor}",
+                        tags={"zarrfeed/reason": "conflicting raw items changed"},
+                    )
+                )
             gone = sorted(k for k in known - set(index))
             events = [
                 dg.AssetObservation(
@@ -89,9 +108,25 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
                 run_requests=requests,
                 dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
                 asset_events=events,
+                cursor=cursor,
             )
 
     return _discover
+
+
+def report_skipped(
+    log: logging.Logger | dg.DagsterLogManager,
+    catalog: RawCatalog,
+    origin: str,
+    family: str,
+    skipped: dict[str, str],
+) -> None:
+    """Log the broken entries discovery skipped, with their paths, and keep them for
+    ``zarrfeed status``: a symlink loop must not stop discovery, nor vanish unreported."""
+    catalog.record_skipped(origin, skipped)
+    if skipped:
+        listed = "; ".join(f"{path}: {why}" for path, why in list(skipped.items())[:20])
+        log.warning(f"{family} discovery skipped {len(skipped)} broken raw entries: {listed}")
 
 
 def _digest(*parts: str) -> str:
@@ -105,7 +140,9 @@ def discover_into(
     add their partitions (for the demo, the CLI and tests).  Returns every catalogued key."""
     catalog = zarr_store.catalog(family)
     with gc_paused():
-        catalog.update(raw.origin, raw.scan(family))
+        scan = raw.scan(family)
+        catalog.update(raw.origin, scan)
+        report_skipped(logging.getLogger("zarrfeed"), catalog, raw.origin, family, scan.skipped)
         keys = sorted(catalog.index())
     name = PARTITIONS[family].name
     known = set(instance.get_dynamic_partitions(name))

@@ -7,10 +7,9 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import raw_origin, scan_ct, scan_images, scan_spike
+from zarrfeed.sources.raw import Scan, raw_origin, scan_ct, scan_images, scan_spike
 
-SCANNERS: dict[str, Callable[[str], dict[str, RawItem]]] = {
+SCANNERS: dict[str, Callable[[str], Scan]] = {
     "ct": scan_ct,
     "spike": scan_spike,
     "images": scan_images,
@@ -27,8 +26,9 @@ class RawFolderResource(dg.ConfigurableResource):
     def origin(self) -> str:
         return raw_origin(self.root)
 
-    def scan(self, family: str) -> dict[str, RawItem]:
-        """Key → catalog entry of every raw item of ``family`` (no file is read).  Locations
+    def scan(self, family: str) -> Scan:
+        """Key → catalog entry of every raw item of ``family`` (no file is read), and the
+        broken entries skipped (``.skipped``).  Locations
         are absolute: a relative root (the .env default) and the same folder given absolute
         (``zarrfeed demo``) must not make every item look changed."""
         return SCANNERS[family](os.path.abspath(self.root))

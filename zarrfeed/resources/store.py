@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 
+from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import ZarrStore
 
@@ -25,6 +26,13 @@ class ZarrStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Tag the run with the host it executes on, so that the ``dead_runs`` sensor can
+        tell a run whose process is gone (every zarrfeed step uses this resource)."""
+        run, instance = context.dagster_run, context.instance
+        if run is not None and instance is not None and run.tags.get(HOST_TAG) != host_identity():
+            instance.add_run_tags(run.run_id, {HOST_TAG: host_identity()})
 
     def storage_options(self) -> dict[str, Any] | None:
         options = {

@@ -159,6 +159,23 @@ class RawCatalog:
                     _PARSED[self._cache_key] = (stamp, self._index)
         return dict(self._index)
 
+    def skipped(self) -> dict[str, dict[str, str]]:
+        """Origin → the broken entries its last discovery skipped (path → why)."""
+        try:
+            return jsonio.loads(self.backend.read(f"{self._folder}/skipped.json"))
+        except FileNotFoundError:
+            return {}
+
+    def record_skipped(self, origin: str, skipped: Mapping[str, str]) -> None:
+        """Keep what the discovery of ``origin`` skipped, for ``zarrfeed status``; written
+        only when it changed (a tick that finds the same broken link writes nothing)."""
+        before = self.skipped()
+        after = {**before, origin: dict(sorted(skipped.items()))}
+        if not skipped:
+            del after[origin]
+        if after != before:
+            self.backend.write_atomic(f"{self._folder}/skipped.json", jsonio.dumps(after))
+
     def update(self, origin: str, found: Mapping[str, RawItem]) -> Changes:
         """Record what ``origin`` holds now: new and changed items are written, items of this
         origin no longer found are removed; items of other origins are kept.  A key claimed

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from zarrfeed.errors import InputError
 from zarrfeed.formats.ct import CTItem
 from zarrfeed.formats.discover import (
     Found,
@@ -48,11 +49,23 @@ def _stat(paths: Iterable[Path]) -> tuple[int, float]:
     return size, mtime
 
 
-def _items(found: Found, origin: str, make: callable, files: callable) -> dict[str, RawItem]:
-    """Catalog entries of ``found``; a collided key is one entry naming every location."""
-    out: dict[str, RawItem] = {}
+class Scan(dict):
+    """Key → catalog entry of every raw item found, and ``skipped``: the broken entries
+    discovery left out (path → why), for the sensor's log and ``zarrfeed status``."""
+
+    skipped: dict[str, str]
+
+
+def _items(found: Found, origin: str, make: callable, files: callable) -> Scan:
+    """Catalog entries of ``found``; a collided key is one entry naming every location.  An
+    item whose files cannot be stat'ed (gone since the walk, unreachable) is skipped."""
+    out = Scan()
+    out.skipped = dict(found.skipped)
     for key, thing in found.items.items():
-        out[key] = make(key, thing, *_stat(files(thing)))
+        try:
+            out[key] = make(key, thing, *_stat(files(thing)))
+        except OSError as exc:
+            out.skipped[str(exc.filename or key)] = exc.strerror or str(exc)
     for key, paths in found.collisions.items():
         first, *others = paths
         out[key] = RawItem(
@@ -61,12 +74,12 @@ def _items(found: Found, origin: str, make: callable, files: callable) -> dict[s
     return out
 
 
-def scan_ct(root: str | Path, metadata: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+def scan_ct(root: str | Path, metadata: Mapping[str, Mapping[str, str]] | None = None) -> Scan:
     """Key → catalog entry for every CT item under ``root`` (NIfTI, DICOM series,
     ``.npy``/``.npz`` volumes); ``metadata`` defaults to the CT-RATE CSVs found there."""
     origin = raw_origin(root)
     tree = walk_tree(root)  # one walk finds the volumes and the CSVs
-    rows = read_ct_rate_metadata(root, tree) if metadata is None else metadata
+    rows = read_ct_rate_metadata(root, tree, tree.skipped) if metadata is None else metadata
 
     def make(key: str, item: CTItem, size: int, mtime: float) -> RawItem:
         claim = csv_rescale(rows.get(key))
@@ -88,7 +101,7 @@ def ct_item(item: RawItem, local: Path | None = None) -> CTItem:
     return CTItem(item.key, item.kind, Path(item.location), files, item.detail.get("series_uid"))
 
 
-def scan_spike(root: str | Path) -> dict[str, RawItem]:
+def scan_spike(root: str | Path) -> Scan:
     """Key → catalog entry for every spike sequence under ``root``."""
     origin = raw_origin(root)
 
@@ -114,7 +127,7 @@ def spike_sequence(item: RawItem) -> SpikeSequence:
     )
 
 
-def scan_images(root: str | Path) -> dict[str, RawItem]:
+def scan_images(root: str | Path) -> Scan:
     """Key → catalog entry for every image set (a folder of images) under ``root``."""
     origin = raw_origin(root)
 
@@ -174,6 +187,43 @@ def item_files(item: RawItem) -> list[Path]:
     if item.kind == "images":
         return image_files(Path(item.location))
     return list(ct_item(item).sources())
+
+
+class SourceWatch:
+    """The files a local raw item reads, as they were when a build began.
+
+    A build reads its files one by one over seconds or minutes; a file deleted, rewritten or
+    replaced meanwhile would leave a partition made of two versions of the source, or of
+    fewer samples.  :meth:`verify` after reading fails the partition naming the file instead
+    (size, mtime in nanoseconds and inode: a rewrite or an atomic replacement both show).
+    Hub items are pinned by their commit and never change.
+    """
+
+    def __init__(self, item: RawItem) -> None:
+        self.location = item.location
+        files = [] if is_hub(item) else item_files(item)
+        # An item that is a folder (a series, a sequence, an image set) also changes when a
+        # member is added: its member folders' mtimes say so.
+        folders = sorted({p.parent for p in files}) if os.path.isdir(item.location) else []
+        self.before = {p: self._signature(p) for p in [*files, *folders]}
+
+    def _signature(self, path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns, st.st_ino
+
+    def verify(self) -> None:
+        """:class:`InputError` naming the first file that vanished or changed since."""
+        for path, before in self.before.items():
+            now = self._signature(path)
+            if now != before:
+                found = "vanished" if now is None else "changed"
+                raise InputError(
+                    path, f"the file as it was when the build of {self.location} began",
+                    f"it {found} during the build (the next discovery builds it again)",
+                )  # fmt: skip
 
 
 def item_sha256(item: RawItem) -> str:

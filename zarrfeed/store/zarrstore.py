@@ -27,7 +27,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -472,13 +472,21 @@ class ZarrStore:
         self._write_manifest(asset, manifest)
         return manifest
 
-    def write_dataset(self, name: str, assets: list[str], **extra: Any) -> dict[str, Any]:
+    def write_dataset(
+        self,
+        name: str,
+        assets: list[str],
+        withheld: Mapping[str, list[str]] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         """The manifest of a dataset made of several assets: the keys committed in all of
         them whose partitions passed every blocking check.
 
         Keys present in only some assets (a partition still building, or one that failed to
         build) are listed as ``incomplete``, keys with a partition that failed a check as
         ``failed``; both are left out, so readers never meet half a sample or bad data.
+        ``withheld`` (key → reasons) leaves out committed keys whose data is sound but whose
+        source is in doubt (two raw items now claim the key), listed under ``failed`` too.
         Partitions carry what reading needs (key, version, arrays, bytes), not their
         provenance: training parses this manifest at start, 50,000 partitions of four assets
         at a time; provenance is in the commit records and the asset manifests.
@@ -492,6 +500,9 @@ class ZarrStore:
                 bad = [n for n, ok in (found[k].get("checks") or {}).items() if not ok]
                 if bad:
                     failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
+        for k, reasons in (withheld or {}).items():
+            if k in candidates:
+                failed.setdefault(k, []).extend(reasons)
         keys = [k for k in candidates if k not in failed]
         manifest = {
             "dataset": name,

@@ -215,9 +215,16 @@ def _test(values: np.ndarray, flags: np.ndarray | None, rescale: Rescale) -> dic
     return facts
 
 
-def hu_plausibility(hu: np.ndarray, outside: np.ndarray | None = None) -> tuple[bool, dict]:
+def hu_plausibility(
+    hu: np.ndarray, outside: np.ndarray | None = None, *, overridden: bool = False
+) -> tuple[bool, dict]:
     """Blocking check on an HU volume: air (or aerated lung) and soft tissue present, nothing
     below −1100 HU, so a volume 1024 off in either direction fails.
+
+    ``overridden``: the rescale is the user's per-scan override, which exists for the scans
+    whose content cannot show air and tissue (a crop of spine and muscle).  Absence of that
+    evidence is then accepted ("unconfirmed" passes), but contrary evidence still fails: an
+    override that puts voxels below −1100 HU, where no tissue exists, is refuted.
 
     :func:`decide_hu` already demands this of every decision but an override, on the source
     with padding excluded; this check guards what later steps (resampling, clipping, an
@@ -230,7 +237,11 @@ def hu_plausibility(hu: np.ndarray, outside: np.ndarray | None = None) -> tuple[
     values, flags = _sample(hu, outside)
     keep = values != AIR_FILL if flags is None else ~flags
     facts = hu_facts(values[keep])
-    return _verdict(facts) == "fits", facts
+    verdict = _verdict(facts)
+    if overridden:
+        facts["judged_as"] = "override: passes unless refuted"
+        return verdict != "refuted", facts
+    return verdict == "fits", facts
 
 
 def _describe(name: str, facts: Mapping[str, Any]) -> str:

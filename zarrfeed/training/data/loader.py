@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from zarrfeed.errors import ConfigError
 from zarrfeed.training.data.sampler import make_sampler
 from zarrfeed.training.data.start import start_method
 
@@ -26,6 +27,9 @@ WORKER_OVERHEAD_BYTES = 300 << 20  # interpreter + torch + zarr per worker, meas
 # Out of core, batches in flight live in shared memory beside the cache: they may add this
 # share of its budget (the cache itself never exceeds it).
 IN_FLIGHT_SHARE = 0.05
+# Batches in shared memory besides the workers' prefetched ones: the one the training step
+# holds and the one being handed to it (measured: 2 workers × prefetch 1 peak at 4 batches).
+HELD_BATCHES = 2
 
 
 def usable_cpus() -> tuple[int, str]:
@@ -193,25 +197,50 @@ def plan_loader(
                 f"capped at {n}: {room >> 20} MiB free after the cache, "
                 f"{per_worker >> 20} MiB per worker"
             )
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     if n and in_flight_bytes and sample_bytes:
-        batches_room = in_flight_bytes // (batch_size * sample_bytes) - 1  # - the one in use
-        fit = max(1, int(batches_room // n))
-        if fit < (prefetch or 0):
-            prefetch = fit
-            reasons.append(
-                f"prefetch_factor {fit}: batches in flight kept within "
-                f"{in_flight_bytes / 1e6:.1f} MB of shared memory"
-            )
+        n, prefetch = _fit_in_flight(n, prefetch or 0, batch_size * sample_bytes,
+                                     in_flight_bytes, pin, reasons)  # fmt: skip
     if pin_memory is None:
-        pin = torch.cuda.is_available()
         reasons.append("pinned memory: " + ("on (CUDA present)" if pin else "off (no CUDA)"))
     else:
-        pin = pin_memory
         reasons.append(
             "pinned memory: "
             + ("on (training on CUDA)" if pin else "off (the training device is not CUDA)")
         )
     return LoaderPlan(n, prefetch if n else None, pin, n > 0, context if n else None, reasons)
+
+
+def _fit_in_flight(
+    n: int, prefetch: int, batch: int, room: int, pinned: bool, reasons: list[str]
+) -> tuple[int, int]:
+    """(workers, prefetch) whose batches in flight — ``n`` × ``prefetch`` prefetched, the
+    held ones, one more pinned copy with CUDA — fit in ``room`` bytes of shared memory;
+    :class:`ConfigError` in one line, with the smallest budget that works, when not even one
+    worker with one batch fits."""
+    held = HELD_BATCHES + int(pinned)
+    slots = room // batch - held  # prefetched batches the room leaves
+    if slots < 1:
+
+        def smallest(workers: int) -> str:  # in cache_gb's unit (GiB), rounded up
+            return f"{math.ceil((workers + held) * batch / IN_FLIGHT_SHARE / 2**30 * 1e3) / 1e3}"
+
+        raise ConfigError(
+            f"cache budget too small for batches of {batch} bytes with workers: batches in "
+            f"flight may take {room} bytes ({IN_FLIGHT_SHARE:.0%} of the budget), one worker "
+            f"needs {(1 + held) * batch}; the smallest cache_gb that works is {smallest(1)} "
+            f"({smallest(n)} for {n} workers), or use workers=0"
+        )
+    if slots < n:
+        reasons.append(f"capped at {slots} workers: one batch each in flight, within {room} B")
+        n = slots
+    fit = min(prefetch, slots // n)
+    if fit < prefetch:
+        reasons.append(
+            f"prefetch_factor {fit}: batches in flight kept within "
+            f"{room / 1e6:.1f} MB of shared memory"
+        )
+    return n, fit
 
 
 def make_loader(

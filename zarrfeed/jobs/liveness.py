@@ -1,0 +1,88 @@
+"""Runs whose process is gone are failed, however they were launched.
+
+Dagster's run monitoring watches the runs its daemon's run launcher started.  A run started
+by ``dg launch``, ``dagster asset materialize``, ``zarrfeed demo`` or ``execute_in_process``
+has no launcher to ask: killed, it stays STARTED, holds a run slot (``max_concurrent_runs``)
+and its pool slots, and a queued run waits until the maximum runtime.
+
+Every zarrfeed run says where it runs: the store resource tags the run with its host, boot
+and pid namespace (:func:`zarrfeed.processes.host_identity`) when a step starts, and
+Dagster's in-process and multiprocess executors log the pid of the process that
+orchestrates the run ("Executing steps … (pid: N)").  The ``dead_runs`` sensor, on the
+daemon's host, fails every started run of that host whose orchestrating process no longer
+exists — or is a newer process that reuses its pid, or the host has rebooted since — with a
+message saying so, which ``zarrfeed status`` shows as the cause.
+Runs on other hosts are left to a daemon there; runs without a recorded process (a Celery
+run, a run not yet started) to Dagster's own monitoring.
+"""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+
+from zarrfeed.assets.build import OWNERS
+from zarrfeed.processes import HOST_TAG, host_identity, process_alive, rebooted
+
+IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+# Messages of the engine events Dagster's executors log in the run's orchestrating process.
+ORCHESTRATOR_EVENTS = ("Executing steps in process", "Executing steps using multiprocess")
+
+
+def orchestrator_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The pid Dagster's executor logged for the process that orchestrates ``run_id``."""
+    records = instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+    for record in records:
+        event = record.dagster_event
+        if event is not None and (event.message or "").startswith(ORCHESTRATOR_EVENTS):
+            pid = event.event_specific_data.metadata.get("pid")
+            if pid is not None:
+                return int(pid.value)
+    return None
+
+
+def fail_dead_runs(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
+    """Fail every started run of this host whose orchestrating process is gone; the
+    (run id, message) of each, the message as the run's failure says it."""
+    failed = []
+    here = host_identity()
+    for record in instance.get_run_records(dg.RunsFilter(statuses=IN_PROGRESS)):
+        run = record.dagster_run
+        host = run.tags.get(HOST_TAG, "")
+        if host != here and not rebooted(host):
+            continue  # another host or container: its own dead_runs sensor judges
+        pid = orchestrator_pid(instance, run.run_id)
+        if pid is None:
+            continue
+        if host == here and process_alive(pid, record.start_time):
+            continue
+        gone = "it was killed or crashed" if host == here else "the host rebooted since"
+        message = (
+            f"the process running it (pid {pid} on {host.split('/')[0]}) is gone: {gone}; marked "
+            "failed so that it no longer holds a run slot — launch the partition again"
+        )
+        instance.report_run_failed(run, message=message)
+        failed.append((run.run_id, message))
+    return failed
+
+
+@dg.sensor(
+    name="dead_runs",
+    minimum_interval_seconds=15,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Fails runs of this host whose process is gone (killed `dg launch`, demo or "
+    "in-process runs that Dagster's run monitoring does not watch), freeing their slots.",
+    tags={"stage": "maintenance"},
+    owners=OWNERS,
+)
+def dead_runs(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+    t0 = time.monotonic()
+    failed = fail_dead_runs(context.instance)
+    for run_id, message in failed:
+        context.log.warning(f"run {run_id}: {message}")
+    return dg.SkipReason(
+        f"failed {len(failed)} runs whose process was gone ({time.monotonic() - t0:.2f} s)"
+        if failed
+        else "every started run of this host has a live process"
+    )
