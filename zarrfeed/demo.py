@@ -352,6 +352,9 @@ def progress_display(total: int | None, stream: TextIO) -> Iterator[Progress]:
     )
     from rich.progress import Progress as Bar
 
+    # rich replaces sys.stdout/sys.stderr while a bar is shown, and Dagster opens its console
+    # log handler on sys.stderr at the start of every run: with the redirect, every DEBUG
+    # line of every run lands on the terminal above the bar instead of in the log file.
     with Bar(
         SpinnerColumn(),
         TextColumn("{task.description:<40}"),
@@ -360,6 +363,8 @@ def progress_display(total: int | None, stream: TextIO) -> Iterator[Progress]:
         TimeElapsedColumn(),
         console=Console(file=stream),
         transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
     ) as bar:
         task = bar.add_task("starting", total=total)
         started = False
