@@ -140,7 +140,7 @@ def test_a_demo_run_re_executes_as_the_uis_own(ui, demo, job):
     with instance_at(env["DAGSTER_HOME"]) as instance:
         [run] = [r for r in instance.get_runs() if r.job_name == job and r.is_success][-1:]
     page.goto(f"{url}/runs/{run.run_id}", wait_until="networkidle")
-    button = page.get_by_role("button", name=re.compile("^Re-execute"))
+    button = page.get_by_role("button", name=re.compile("Re-execute"))
     button.first.wait_for()
     button.first.hover()
     page.wait_for_timeout(1000)  # a warning shows as an icon and a tooltip on hover
