@@ -155,10 +155,10 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
 def workspace_origin(instance: Any) -> Iterator[dict[str, str]]:
     """Runs executed in this process in this block carry the origin of the code location
     that ``dg dev -w workspace.yaml`` loads; with the tags yielded (its repository's), the UI
-    lists them under
-    their job and re-executes them as its own, not as runs "loaded from a different code
-    location".  ``execute_in_process`` records no origin and Dagster offers no public way to
-    give it one, so the instance's run creation adds it for the block's duration."""
+    lists them under their job and re-executes them as its own, not as runs "loaded from a
+    different code location".  ``execute_in_process`` records no origin and Dagster offers
+    no public way to give it one, so the instance's run creation adds it for the block's
+    duration (internal Dagster names, checked against dagster 1.13)."""
     from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
     from dagster._core.workspace.load_target import WorkspaceFileTarget
 
