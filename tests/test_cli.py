@@ -260,3 +260,15 @@ def test_a_missing_raw_folder_is_reported_per_family_and_fails_verify(built, tmp
     assert "0 mismatched" in verify.stdout and "unverified" in verify.stdout
     ok = zarrfeed("verify", "ct_hu", env=env, cwd=tmp_path)  # the folder is back
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+    scan = next(raw.rglob("train_1_a_1.nii.gz"))  # one source file gone: that partition only
+    scan.rename(tmp_path / scan.name)
+    try:
+        status = zarrfeed("status", "--json", env=env, cwd=tmp_path)
+    finally:
+        (tmp_path / scan.name).rename(scan)
+    gone = [p for p in json.loads(status.stdout)["problems"] if p["state"] == "no source"]
+    assert [(p["family"], p["keys"], p["why"]) for p in gone] == [
+        ("ct", ["train_1_a_1"], f"{scan} is missing")
+    ]
+    assert gone[0]["fix"].endswith("zarrfeed partitions remove ct train_1_a_1")
