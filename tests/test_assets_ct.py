@@ -52,6 +52,10 @@ def test_branch_materialises_raw_and_hu_stored_scans_identically_twice(dagster_e
     for key in ("train_1_a_1", "train_1_a_2"):  # raw values + CSV rescale, and HU on disk
         result = build(resources, instance, "ct", key)
         assert all(checks(result).values())
+        assert {c.partition for c in result.get_asset_check_evaluations()} == {key}
+        [window_range] = [c for c in result.get_asset_check_evaluations()
+                          if c.check_name == "window_range"]  # fmt: skip
+        assert window_range.metadata["out_of_range"].value == "none"  # never an empty {}
         hu = store.read_array("ct/hu", key, "hu")
         assert hu.dtype == np.int16 and -1024 <= hu.min() < -950 and hu.max() > 200
         lung = store.open_array("ct/windows", key, "lung")
@@ -66,6 +70,15 @@ def test_branch_materialises_raw_and_hu_stored_scans_identically_twice(dagster_e
     assert mat.metadata["reused"].value is True
     assert mat.metadata["compression_ratio"].value > 1
     assert "data:image/png" in mat.metadata["preview"].value
+    hu_meta = instance.get_latest_materialization_event(dg.AssetKey("ct_hu")).asset_materialization
+    hu = store.read_array("ct/hu", "train_1_a_1", "hu")
+    assert hu_meta.metadata["shape_zyx"].value == "×".join(map(str, hu.shape))
+    assert hu_meta.metadata["spacing_zyx_mm"].value == "5 × 3 × 3"  # dagster_env's settings
+    rows = {
+        r.data["percentile"]: r.data["HU"] for r in hu_meta.metadata["hu_percentiles"].value.records
+    }
+    assert rows["p50"] == int(np.percentile(hu, 50, method="lower"))
+    assert rows["p1"] < -900 < rows["p99"]  # air at the bottom of the distribution
 
 
 @pytest.mark.slow

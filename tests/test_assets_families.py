@@ -111,6 +111,10 @@ def test_batched_run_builds_many_partitions_and_names_the_bad_one(dagster_env):
             if m.asset_key == dg.AssetKey("ct_windows")]  # fmt: skip
     assert sorted(m.partition for m in mats) == CT_KEYS
     assert mats[0].metadata["batch_partitions"].value == 4
+    # each partition's check results are its own (the UI shows and plots them per partition)
+    own = {(c.check_name, c.partition) for c in result.get_asset_check_evaluations()
+           if c.asset_key == dg.AssetKey("ct_windows") and c.partition}  # fmt: skip
+    assert own == {("window_range", k) for k in CT_KEYS}
     store = resources["zarr_store"].store()
     assert store.list_partitions("ct/patches") == CT_KEYS
     before = store.read_array("ct/hu", "train_2_a_1", "hu")

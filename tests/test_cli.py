@@ -230,3 +230,45 @@ def test_an_interrupted_run_stops_the_demo():
         for stopped in (job, other):
             with pytest.raises(KeyboardInterrupt):
                 run(stopped, instance, "ct", "k")
+
+
+@pytest.mark.slow
+def test_a_missing_raw_folder_is_reported_per_family_and_fails_verify(built, tmp_path):
+    """The catalog still lists every item when the raw folder moves away: `status` must
+    not call the partitions current, and `verify` must not exit 0 on sources it never read."""
+    store, raw = built
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    env["ZARRFEED_STORE"] = str(store.url)
+    moved = raw.with_name("raw.moved")
+    raw.rename(moved)
+    try:
+        status = zarrfeed("status", "--json", env=env, cwd=tmp_path)
+        verify = zarrfeed("verify", "ct_hu", env=env, cwd=tmp_path)
+    finally:
+        moved.rename(raw)
+    assert status.returncode == 1, status.stdout + status.stderr
+    problems = json.loads(status.stdout)["problems"]
+    gone = [p for p in problems if p["state"] == "no source"]
+    assert {p["family"] for p in gone} == {"ct", "spike", "images"}, gone
+    for problem in gone:
+        assert problem["why"] == f"the raw folder {raw} is missing", problem
+        assert "put it back where it was" in problem["fix"]
+        assert f"zarrfeed partitions remove {problem['family']} " in problem["fix"]
+    assert not any(p["state"] in ("missing", "stale") for p in problems)  # no futile launch
+    assert verify.returncode == 1, verify.stdout + verify.stderr
+    assert f"source: the raw folder {raw} is missing" in verify.stdout
+    assert "0 mismatched" in verify.stdout and "unverified" in verify.stdout
+    ok = zarrfeed("verify", "ct_hu", env=env, cwd=tmp_path)  # the folder is back
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+    scan = next(raw.rglob("train_1_a_1.nii.gz"))  # one source file gone: that partition only
+    scan.rename(tmp_path / scan.name)
+    try:
+        status = zarrfeed("status", "--json", env=env, cwd=tmp_path)
+    finally:
+        (tmp_path / scan.name).rename(scan)
+    gone = [p for p in json.loads(status.stdout)["problems"] if p["state"] == "no source"]
+    assert [(p["family"], p["keys"], p["why"]) for p in gone] == [
+        ("ct", ["train_1_a_1"], f"{scan} is missing")
+    ]
+    assert gone[0]["fix"].endswith("zarrfeed partitions remove ct train_1_a_1")

@@ -17,7 +17,7 @@ examples:
   zarrfeed demo                                 build everything from the sample data, train
   zarrfeed status                               what is missing, stale or failed, and the fix
   zarrfeed inspect ct_windows train_1_a_1       arrays, provenance, checks; writes previews
-  zarrfeed verify                               re-check every partition (exit 1 on mismatch)
+  zarrfeed verify                               re-check every partition (exit 1 unless all ok)
   zarrfeed partitions remove ct train_9_z_9     drop a partition that has no raw source
   zarrfeed train --config configs/ct_classifier.yaml
   zarrfeed sample-data data/raw --with-faults   sample data plus CT sources that must fail
@@ -333,6 +333,7 @@ def _verify(args: argparse.Namespace) -> int:
     catalogs = {f: resource.catalog(f) for f in FAMILIES}
     findings = verify.verify(resource.store(), specs, catalogs, args.key)
     bad = [f for f in findings if f.status == "MISMATCH"]
+    unverified = [f for f in findings if f.status == "unverified"]
     if args.json:
         print_json([f.to_json() for f in findings])
     else:
@@ -341,11 +342,10 @@ def _verify(args: argparse.Namespace) -> int:
             [[f.asset, f.key, f.status, "; ".join(f.details)] for f in findings],
             title=f"verify {resource.url}",
             notes=[
-                f"{len(findings)} partitions: {len(bad)} mismatched, "
-                f"{sum(f.status == 'unverified' for f in findings)} unverified"
+                f"{len(findings)} partitions: {len(bad)} mismatched, {len(unverified)} unverified"
             ],
         )
-    return 1 if bad else 0
+    return 1 if bad or unverified else 0
 
 
 def _status(args: argparse.Namespace) -> int:

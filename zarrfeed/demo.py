@@ -46,9 +46,8 @@ run_retries:
   retry_on_asset_or_op_failure: false
 """
 REPO = Path(__file__).resolve().parents[1]
-# Runs launched here carry the tag the UI lists a job's runs by: the repository of the code
-# location that workspace.yaml loads (a python_module location is named after its module).
-REPOSITORY_TAG = {".dagster/repository": "__repository__@zarrfeed.definitions"}
+WORKSPACE = REPO / "workspace.yaml"
+REPOSITORY = "__repository__"  # the name Dagster gives a module's single Definitions
 
 # Each task's defaults, but a narrower occupancy autoencoder: 64³ grids at width 16 take ~1 s
 # a step on two cores, and the demo should stay around two minutes.
@@ -117,7 +116,7 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
 
     raw_resource, zarr_store = RawFolderResource(root=str(raw)), ZarrStoreResource(url=store)
     rows = []
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
         keys = {f: discover_into(instance, f, raw_resource, zarr_store) for f in FAMILIES}
         if not any(keys.values()):
             raise InputError(
@@ -131,10 +130,10 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
                 job = defs.resolve_job_def(f"{family}_build")
                 for key in family_keys:
                     progress(f"{family} {key}")
-                    rows.append(run(job, instance, family, key, partition_key=key))
+                    rows.append(run(job, instance, family, key, tags=tags, partition_key=key))
             progress("dataset manifests")
             job = defs.resolve_job_def("datasets_build")
-            rows.append(run(job, instance, "datasets", "-"))
+            rows.append(run(job, instance, "datasets", "-", tags=tags))
             train = defs.resolve_job_def("train")
             for key in [a.key for a in model_assets]:
                 progress(f"training {key.path[0]}")
@@ -144,6 +143,7 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
                         instance,
                         "training",
                         key.path[0],
+                        tags=tags,
                         asset_selection=[key],
                         run_config=DEMO_TRAINING,
                     )
@@ -151,12 +151,41 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
     return rows
 
 
+@contextlib.contextmanager
+def workspace_origin(instance: Any) -> Iterator[dict[str, str]]:
+    """Runs executed in this process in this block carry the origin of the code location
+    that ``dg dev -w workspace.yaml`` loads; with the tags yielded (its repository's), the UI
+    lists them under their job and re-executes them as its own, not as runs "loaded from a
+    different code location".  ``execute_in_process`` records no origin and Dagster offers
+    no public way to give it one, so the instance's run creation adds it for the block's
+    duration (internal Dagster names, checked against dagster 1.13)."""
+    from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    [location] = WorkspaceFileTarget([str(WORKSPACE)]).create_origins()
+    repository = RemoteRepositoryOrigin(location, REPOSITORY)
+    create = instance.create_run_for_job
+
+    def create_with_origin(*args: Any, job_def: Any, **kwargs: Any) -> Any:
+        if kwargs.get("asset_selection") and job_def.asset_selection_data is not None:
+            # A job already subset to the selection, which run creation subsets again: the
+            # run would name that subset as its parent, a job no code location has.
+            job_def = job_def.asset_selection_data.parent_job_def
+        origin = RemoteJobOrigin(repository, job_def.name)
+        return create(*args, job_def=job_def, remote_job_origin=origin, **kwargs)
+
+    instance.create_run_for_job = create_with_origin
+    try:
+        yield {".dagster/repository": f"{REPOSITORY}@{location.location_name}"}
+    finally:
+        del instance.create_run_for_job
+
+
 def run(job: Any, instance: Any, family: str, key: str, **options: Any) -> Row:
-    """One run of ``job`` in this process, listed under its job in the UI, as a summary row."""
+    """One run of ``job`` in this process (in a :func:`workspace_origin` block, with its
+    tags), as a summary row."""
     t0 = time.perf_counter()
-    result = job.execute_in_process(
-        instance=instance, raise_on_error=False, tags=REPOSITORY_TAG, **options
-    )
+    result = job.execute_in_process(instance=instance, raise_on_error=False, **options)
     if any(e.cls_name in INTERRUPTED for e in _failures(result)):
         raise KeyboardInterrupt  # Ctrl-C stops the whole demo, not only this run
     return _row(result, family, key, time.perf_counter() - t0)
@@ -189,10 +218,10 @@ def run_hub(hf_config: dict, store: str, home: Path, progress: Progress = lambda
 
     run_config = {"resources": {"hf": {"config": hf_config}}}
     rows = []
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
         progress("hub listing")
         catalog = defs.resolve_job_def("hub_catalog")
-        rows.append(run(catalog, instance, "hub", "catalog", run_config=run_config))
+        rows.append(run(catalog, instance, "hub", "catalog", tags=tags, run_config=run_config))
         if not rows[0].ok:
             return rows
         keys = sorted(instance.get_dynamic_partitions(ct_scans.name))
@@ -201,7 +230,9 @@ def run_hub(hf_config: dict, store: str, home: Path, progress: Progress = lambda
         job = defs.resolve_job_def("ct_build")
         for key in keys:
             progress(f"hub volume {key}")
-            rows.append(run(job, instance, "hub", key, partition_key=key, run_config=run_config))
+            rows.append(
+                run(job, instance, "hub", key, tags=tags, partition_key=key, run_config=run_config)
+            )
     return rows
 
 
@@ -352,6 +383,9 @@ def progress_display(total: int | None, stream: TextIO) -> Iterator[Progress]:
     )
     from rich.progress import Progress as Bar
 
+    # rich replaces sys.stdout/sys.stderr while a bar is shown, and Dagster opens its console
+    # log handler on sys.stderr at the start of every run: with the redirect, every DEBUG
+    # line of every run lands on the terminal above the bar instead of in the log file.
     with Bar(
         SpinnerColumn(),
         TextColumn("{task.description:<40}"),
@@ -360,6 +394,8 @@ def progress_display(total: int | None, stream: TextIO) -> Iterator[Progress]:
         TimeElapsedColumn(),
         console=Console(file=stream),
         transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
     ) as bar:
         task = bar.add_task("starting", total=total)
         started = False

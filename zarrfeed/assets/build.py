@@ -28,7 +28,7 @@ import dagster as dg
 import numpy as np
 
 from zarrfeed.assets.checks import CHECK_DOCS
-from zarrfeed.assets.metadata import partition_metadata
+from zarrfeed.assets.metadata import partition_metadata, readable
 from zarrfeed.checksums import ATTR, array_sha256
 from zarrfeed.errors import ZarrfeedError
 from zarrfeed.sources.raw import SourceWatch
@@ -38,6 +38,11 @@ from zarrfeed.store.contract import StoredAsset, failed_checks
 # Beta in dagster 1.13 and used on purpose: backfill_policy= (the documented way to batch) and
 # owners= on jobs, sensors and schedules (the catalog shows who owns each, as for assets).
 warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*(backfill_policy|owners)")
+# Preview in dagster 1.13 and used on purpose: checks partitioned like their asset, so the UI
+# shows each partition's result and plots each partition's history apart.
+warnings.filterwarnings(
+    "ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec"
+)
 
 # Backfills of derived assets run this many partitions per run: the ~1–2 s start-up of a run
 # is paid once per batch instead of once per partition (benchmarks/build.py).
@@ -161,9 +166,17 @@ def build_partition(
     return Built({**metadata, **step.describe(arrays)}, checks, fingerprint)
 
 
-def check_specs(spec: StoredAsset) -> list[dg.AssetCheckSpec]:
+def check_specs(
+    spec: StoredAsset, partitions_def: dg.PartitionsDefinition
+) -> list[dg.AssetCheckSpec]:
     return [
-        dg.AssetCheckSpec(c, asset=spec.name, blocking=True, description=CHECK_DOCS[c])
+        dg.AssetCheckSpec(
+            c,
+            asset=spec.name,
+            blocking=True,
+            description=CHECK_DOCS[c],
+            partitions_def=partitions_def,
+        )
         for c in spec.checks
     ]
 
@@ -188,7 +201,7 @@ def stored_asset(
             owners=OWNERS,
             tags={"family": spec.family, "stage": "stored"},
             backfill_policy=BATCH,
-            check_specs=check_specs(spec),
+            check_specs=check_specs(spec, partitions_def),
         )(fn)
 
     return wrap
@@ -219,7 +232,7 @@ def stored_multi_asset(
                 )
                 for s in specs
             ],
-            check_specs=[c for s in specs for c in check_specs(s)],
+            check_specs=[c for s in specs for c in check_specs(s, partitions_def)],
             partitions_def=partitions_def,
             backfill_policy=BATCH,
             can_subset=True,
@@ -236,9 +249,11 @@ def materialize_partitions(
     """Build every partition of the run and report them with the selected checks (of
     ``asset_key`` when the step materialises several assets).
 
-    Dagster 1.13 records one materialisation and one check result per asset per step,
-    whatever the number of partitions, so a batch reports per-partition facts in a table
-    and a check passes only when it passed for every partition.
+    A run of one partition reports its checks as that partition's.  Dagster 1.13 records one
+    materialisation and one check result per asset per step whatever the number of
+    partitions, so a batch reports per-partition facts in a table, logs each partition's
+    check results as that partition's, and its step's own result passes only when the check
+    passed for every partition.
     """
     check_names = [
         k.name
@@ -249,7 +264,7 @@ def materialize_partitions(
 
     def check(n: str, passed: bool, metadata: dict[str, Any]) -> dg.AssetCheckResult:
         return dg.AssetCheckResult(
-            asset_key=asset_key, check_name=n, passed=passed, metadata=metadata
+            asset_key=asset_key, check_name=n, passed=passed, metadata=readable(metadata)
         )
 
     if len(keys) == 1:
@@ -277,6 +292,20 @@ def materialize_partitions(
             + "; ".join(f"{k}: {e}" for k, e in errors.items()),
             metadata={"failed": dg.MetadataValue.json(errors)},
         )
+    checked = asset_key or context.assets_def.key
+    for key, built in results.items():
+        for n in check_names:
+            passed, metadata = built.checks[n]
+            context.log_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=checked,
+                    check_name=n,
+                    passed=passed,
+                    metadata=readable(metadata),
+                    blocking=True,
+                    partition=key,
+                )
+            )
     rows = {
         k: {n: v for n, v in b.metadata.items() if isinstance(v, int | float | str | bool)}
         for k, b in results.items()

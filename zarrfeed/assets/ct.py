@@ -25,10 +25,11 @@ from zarrfeed.assets.build import (
     stored_multi_asset,
     upstream,
 )
-from zarrfeed.assets.metadata import png_markdown
+from zarrfeed.assets.metadata import png_markdown, table
 from zarrfeed.assets.partitions import ct_scans
 from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.formats import read_ct, read_nifti_header
+from zarrfeed.formats.volume import ZYX_AXES
 from zarrfeed.previews import volume_png
 from zarrfeed.resources import BuildOptions, CTSettings, HuggingFaceResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
@@ -38,10 +39,17 @@ from zarrfeed.store.contract import CT_HU, CT_PATCHES, CT_SPARSE, CT_WINDOWS, FA
 from zarrfeed.transforms import ct, hu
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.sparse import window_occupancy
-from zarrfeed.transforms.stats import finite_range
+from zarrfeed.transforms.stats import finite_range, int16_percentiles
 
 VERIFY_POINTS = 2048
+HU_PERCENTILES = (1, 5, 50, 95, 99)  # air, lung, soft tissue, bone at a glance
 HuReader = Callable[[str], np.ndarray]  # partition key -> its HU volume
+
+
+def window_label(name: str) -> str:
+    """``lung W1500 L-600``: a preview row names its window's width and level."""
+    w = ct.get_window(name)
+    return f"{name} W{w.width:g} L{w.level:g}"
 
 
 def hu_preset(settings: Mapping[str, Any]) -> ct.CTPreset:
@@ -134,14 +142,26 @@ def _hu_step(
 
     def describe(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         out = arrays["hu"]
-        title = f"HU volume {key} ({'×'.join(map(str, out.shape))}), lung window"
+        shape = "×".join(map(str, out.shape))
+        title = f"HU volume {key} ({shape}), lung window"
         png = volume_png(
-            {"lung window": out},
+            {window_label("lung"): out},
             title,
             preset.spacing,
             view=lambda s: ct.apply_window(s, "lung", "float32"),
+            axes=ZYX_AXES,
         )
-        return {"preview": png_markdown(png, title)}
+        hu_at = int16_percentiles(out, HU_PERCENTILES)
+        return {
+            "shape_zyx": shape,
+            "spacing_zyx_mm": " × ".join(f"{s:g}" for s in preset.spacing),
+            "orientation_zyx": ZYX_AXES,
+            "hu_percentiles": table(
+                ["percentile", "HU"],
+                [[f"p{q:g}", v] for q, v in zip(HU_PERCENTILES, hu_at, strict=True)],
+            ),
+            "preview": png_markdown(png, title),
+        }
 
     step = Step(
         inputs={SOURCE: source_identity(item, sha)},
@@ -174,8 +194,13 @@ def _windows(
             return {"window_range": (not bad, {"out_of_range": bad})}
 
         def describe(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-            title = f"{key}: {', '.join(names)} windows, middle slices"
-            png = volume_png({n: arrays[n] for n in names}, title, settings["spacing_zyx_mm"])
+            title = f"{key}: {', '.join(names)} windows"
+            png = volume_png(
+                {window_label(n): arrays[n] for n in names},
+                title,
+                settings["spacing_zyx_mm"],
+                axes=ZYX_AXES,
+            )
             return {"windows": ", ".join(names), "preview": png_markdown(png, title)}
 
         return Step(

@@ -88,6 +88,13 @@ def partition_metadata(
     }
 
 
+def readable(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` with empty collections as the word "none": the UI shows an empty dict
+    or list as a "[Show JSON]" link that opens ``{}``."""
+    empty = (dict, list, tuple)
+    return {k: "none" if isinstance(v, empty) and not v else v for k, v in metadata.items()}
+
+
 def png_markdown(png: bytes, title: str, caption: str = "") -> dg.MetadataValue:
     """PNG bytes inline in markdown under a bold ``title``: the UI shows the picture on the
     materialisation (behind "[Show Markdown]": any real image exceeds the inline limit)."""

@@ -70,6 +70,7 @@ def raw_asset(family: Family, describe: Describe, description: str) -> dg.Assets
                 asset=family.raw_asset,
                 blocking=True,
                 description=CHECK_DOCS["readable"],
+                partitions_def=PARTITIONS[family.name],
             )
         ],
     )

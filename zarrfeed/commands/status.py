@@ -15,6 +15,11 @@ from typing import Any
 from zarrfeed.store.contract import FAMILIES, failed_checks
 
 LAUNCH = "dg launch -m zarrfeed.definitions --job {job} --partition {key}"
+# The catalog and every partition's provenance name a source by its absolute path.
+RESTORE = (
+    "put it back where it was (the catalog records absolute paths), or drop a source deleted "
+    "on purpose: zarrfeed partitions remove {family} {key}"
+)
 
 
 @dataclass
@@ -57,7 +62,8 @@ def family_status(
     running = [k for k, s in partition_states.items() if s == "running"]
     failed_runs = {k: s for k, s in partition_states.items() if s != "running" and k in index}
     reasons = out_of_date(spec, store, settings, keys, index)
-    busy = {*running, *failed_runs}
+    unsourced = missing_sources(index, keys)
+    busy = {*running, *failed_runs, *(k for found in unsourced.values() for k in found)}
     missing = {k: w for k, w in reasons.items() if w.endswith("missing") and k not in busy}
     stale = {k: w for k, w in reasons.items() if k not in missing and k not in busy}
     add("missing", list(missing), "never built", _launch(job, missing))
@@ -85,11 +91,27 @@ def family_status(
         add("unreadable", list(skipped), "discovery skipped these broken raw entries: "
             + "; ".join(f"{p}: {why}" for p, why in list(skipped.items())[:5]),
             f"fix or remove them under {origin.removeprefix('raw:')}")  # fmt: skip
+    for why, found in unsourced.items():
+        key = found[0] if len(found) == 1 else "KEY"
+        add("no source", found, why, RESTORE.format(family=family, key=key))
     gone = [k for k in keys if k not in index]
     for key in gone:
         add("no source", [key], "no raw item in the catalog (never discovered, or deleted)",
             f"zarrfeed partitions remove {family} {key}")  # fmt: skip
     return len(keys), entries
+
+
+def missing_sources(index: Mapping[str, Any], keys: list[str]) -> dict[str, list[str]]:
+    """What is missing (a whole raw folder, or one item's file) → the partitions it leaves
+    without a source: the catalog still lists them, so nothing else would notice."""
+    from zarrfeed.sources.raw import missing_source
+
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        why = missing_source(index[key]) if key in index else None
+        if why is not None:
+            out.setdefault(why, []).append(key)
+    return out
 
 
 def _launch(job: str, keys: Mapping[str, str] | list[str]) -> str:

@@ -1,12 +1,13 @@
-"""``zarrfeed verify [ASSET [KEY]]`` (seed 003's verification against the original): every
+"""``zarrfeed verify [ASSET [KEY]]``, verification against the original: every
 committed partition re-read and compared with what was recorded when it was built.
 
 - each array opens with its recorded shape and dtype, and its content checksum
   (:mod:`zarrfeed.checksums`) matches the recorded one;
 - a first-stage partition's raw source still hashes to the recorded ``source_sha256``.
 
-A difference is a *mismatch* (exit code 1, named); a partition built before checksums were
-recorded, or whose source is gone or on the hub, is *unverified* and says why.
+A difference is a *mismatch*, named; a partition built before checksums were recorded, or
+whose source is gone or cannot be read, is *unverified* and says why and what to do.  Either
+exits 1: nothing unverified may pass for verified in a script.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfeed.checksums import ATTR, array_sha256
-from zarrfeed.sources.raw import is_hub, item_sha256
+from zarrfeed.commands.status import RESTORE
+from zarrfeed.sources.raw import is_hub, item_sha256, missing_source
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import SOURCE, StoredAsset
 
@@ -85,6 +87,10 @@ def _source(
         same = item.sha256 == recorded
         if not same:
             return [f"source: the hub lists sha256 {item.sha256}, built from {recorded}"]
+        return []
+    gone = missing_source(item)
+    if gone is not None:
+        notes.append(f"source: {gone}; {RESTORE.format(family=spec.family, key=key)}")
         return []
     try:
         now = item_sha256(item)

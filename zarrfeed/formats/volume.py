@@ -58,6 +58,11 @@ class Volume:
         return hu.to_hu(self.data, decision, self.padding), decision
 
 
+# Where the (z, y, x) indices of every volume the readers return grow: superior, anterior,
+# the patient's right (RAS+ voxel axes, transposed by to_ras).
+ZYX_AXES = "SAR"
+
+
 def to_ras(
     data: np.ndarray, affine: np.ndarray, zooms: tuple[float, ...]
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:

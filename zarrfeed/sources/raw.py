@@ -180,6 +180,18 @@ def is_hub(item: RawItem) -> bool:
     return item.location.startswith(HF_PREFIX)
 
 
+def missing_source(item: RawItem) -> str | None:
+    """What is gone of a local item's source, or None when it is there (or on the hub): the
+    whole raw folder it was discovered in when that is gone, else its own file or folder.
+    One stat each, no file read, so a status over 50,000 items stays cheap."""
+    if is_hub(item) or os.path.exists(item.location):
+        return None
+    folder = item.origin.removeprefix("raw:")
+    if item.origin.startswith("raw:") and not os.path.isdir(folder):
+        return f"the raw folder {folder} is missing"
+    return f"{item.location} is missing"
+
+
 def item_files(item: RawItem) -> list[Path]:
     """Every local file a raw item reads, in a stable order."""
     if item.kind == "spike":
