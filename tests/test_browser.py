@@ -17,9 +17,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(os.environ.get("ZARRFEED_SCREENSHOTS", Path(__file__).parents[1] / "screenshots"))
 KEY = "train_1_a_1"
 VIEW_PX = 256  # a preview's view, at least, on its longer side
-# Per-finding AUROC of the CT-RATE classifier on the model page: set True once the model
-# asset writes it (a table whose label names AUROC, one row per finding).
-AUROC_TABLE = False
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +148,10 @@ def test_a_demo_run_re_executes_as_the_uis_own(ui, demo, job):
     assert "different code location" not in body and "may be different" not in body
 
 
-@pytest.mark.skipif(not AUROC_TABLE, reason="the model asset does not write per-finding AUROC yet")
 def test_the_classifier_page_shows_per_finding_auroc(ui):
     url, page = ui
     page.goto(f"{url}/assets/ct_classifier_model", wait_until="networkidle")
-    label = page.get_by_text(re.compile("auroc", re.I)).first
+    label = page.get_by_text(re.compile(r"^\s*auroc_per_finding\s*$")).first
     label.wait_for()
     row = page.locator("tr", has=label).first
     text = row.inner_text()
