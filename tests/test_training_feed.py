@@ -200,6 +200,6 @@ def test_training_through_the_slot_pool_matches_the_loader(built, tmp_path):
     gb = max(ds.nbytes() / 2, 4 * 8 * unit) / (1 << 30)  # a batch of 4, at most 8 units each
     pooled, lines = run("pool", device_cache="on", device_cache_gb=gb, sampler="random")
     assert any("slots of" in s and "units on cpu" in s for s in lines), lines
-    loaded, _ = run("loader", device_cache="off", sampler="random")
+    loaded, _ = run("loader", device_cache="off", sampler="random", workers="0")
     np.testing.assert_allclose(pooled["loss"], loaded["loss"], rtol=1e-5)
     assert pooled["samples"] == loaded["samples"] and len(pooled["loss"]) == 4
