@@ -76,6 +76,25 @@ def test_every_mode_gives_the_same_batches_in_the_same_order(store, order):
     assert np.array_equal(np.sort(epoch0), np.sort(ds.items.astype(np.int64)))
 
 
+def test_placed_patches_are_cut_alike_on_the_device_and_a_transform_keeps_the_loader(store):
+    """Uniform placement changes every epoch: the device tiers cut the patches the DataLoader
+    path cuts, epoch by epoch; a per-sample transform keeps batches on the DataLoader path."""
+    ds = CTPatchDataset(store, cache_gb=1, patch_sampler="uniform", seed=3)
+    per_epoch = len(ds) // BATCH
+    runs = {mode: take(feed_of(ds, mode, "random"), per_epoch + 3)
+            for mode in ("loader", "volumes", "slots")}  # fmt: skip
+    for mode in ("volumes", "slots"):
+        same(runs["loader"], runs[mode])
+    stored = take(feed_of(CTPatchDataset(store, cache_gb=1, seed=3), "volumes", "random"), 3)
+    assert any(
+        not torch.equal(a["image"], b["image"])
+        for (_, a), (_, b) in zip(stored, runs["volumes"], strict=False)
+    )  # the placement did move the patches
+    flipped = CTPatchDataset(store, cache_gb=1, transform=lambda s: s)
+    plan = plan_device(flipped, CPU, "on", BATCH, 1.0)
+    assert plan.tier == "off" and "transform" in plan.reasons[0]
+
+
 @pytest.mark.parametrize("mode", ["loader", "slots"])
 def test_resume_mid_epoch_and_at_its_end_is_exact(store, mode):
     ds = CTPatchDataset(store, cache_gb=1)

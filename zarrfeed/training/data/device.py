@@ -71,11 +71,17 @@ class _PatchSource:
         self.labels = None if labels is None else _to_device(labels, device)
         self._steps = [torch.arange(n, device=device) for n in dataset.patch_shape]
 
-    def _indices(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """(items, origins) of ``indices`` on the device (one staged copy), items on the host."""
+    def _indices(
+        self, indices: np.ndarray, origins: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """(items, origins) of ``indices`` on the device (one staged copy), items on the host.
+        The origins are the dataset's patch sampler's for this epoch, as the DataLoader path
+        cuts them (the stored index, or a uniform or foreground placement)."""
         ds = self.dataset
         items = ds.items[indices].astype(np.int64)
-        table = np.concatenate([items[:, None], ds.origins[indices].astype(np.int64)], axis=1)
+        if origins is None:
+            origins = ds.patch_origins(indices)
+        table = np.concatenate([items[:, None], origins.astype(np.int64)], axis=1)
         on_device = _to_device(table, self.device)
         return on_device[:, 0], on_device[:, 1:], items
 
@@ -252,9 +258,13 @@ class DeviceSlots(_PatchSource):
     def batch(self, indices: np.ndarray) -> dict[str, Any]:
         """The same batch as ``dataset.__getitems__(indices)``: its units made resident,
         then cut by one gather."""
-        indices = np.asarray(indices)
-        self.ensure(self.dataset.sample_units(indices))
-        items, origins, _ = self._indices(indices)
+        ds, indices = self.dataset, np.asarray(indices)
+        placed = ds.patch_origins(indices)  # the units of these patches, wherever placed
+        units = ds.cache.units.region_units(
+            ds.asset, ds.window, ds.items[indices].astype(np.int64), placed, ds.patch_shape
+        )
+        self.ensure(units)
+        items, origins, _ = self._indices(indices, placed)
         first, per_z, per_y, uz, uy, ux = self._table[items].unbind(1)
         z, y, x = self._axes(origins)
         cz, cy, cx = z // uz[:, None], y // uy[:, None], x // ux[:, None]
@@ -307,6 +317,9 @@ def plan_device(
     if not (isinstance(dataset, CTPatchDataset) and dataset.patch):
         why = "it cuts CT patches only"
         return DevicePlan("off", 0, [f"device cache: off ({why}; {type(dataset).__name__})"])
+    if dataset.transform is not None:
+        why = "its transform runs per sample on the host"
+        return DevicePlan("off", 0, [f"device cache: off ({why}: the DataLoader path applies it)"])
     if mode == "auto" and device.type != "cuda":
         return DevicePlan("off", 0, [f"device cache: off (auto: {device} is not a CUDA device)"])
     budget, how = device_budget(device, configured_gb)

@@ -345,6 +345,7 @@ def make_feed(
         if begin is None:
             return
         for tag, indices in chain.batches(*begin):
+            dataset.set_epoch(tag[0])  # patch placement and crops are per (seed, epoch, index)
             yield tag, holder.batch(indices)
 
     return Feed(produce, device, chain.per_epoch, depth, reasons)
