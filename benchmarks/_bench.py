@@ -23,7 +23,7 @@ def touch_memory(gib: float) -> float:
     """Write ``gib`` GiB once and free it; returns the seconds it took.
 
     On a fresh VM the first write to a guest page costs about ten times a later one (the
-    hypervisor backs it then: ``shared/notes/limits.md``), and a process's new arrays get such
+    hypervisor backs it then), and a process's new arrays get such
     pages until the machine has used its memory once.  A side that runs first would pay that
     and the other not; after this both sides allocate from pages already backed, as on a
     node that has been running for a while.

@@ -1,4 +1,4 @@
-"""Build benchmarks: the whole CT branch per scan vs seed 003's naive preprocessing and vs
+"""Build benchmarks: the whole CT branch per scan vs a naive per-scan preprocessing script and vs
 the same Dagster run with empty asset bodies (the part no body can save), Dagster's
 per-partition overhead with one run per partition vs batched runs and on a SQLite
 vs a Postgres instance, and an 8-partition CT backfill through the daemon with steps on 2

@@ -56,7 +56,7 @@ def make_volumes(
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
             w.write("fraction", np.ones(per_volume, np.float32), read="rows")
-        np.save(root / f"{key}.npy", vol)  # the seed 000 baseline: uncompressed .npy
+        np.save(root / f"{key}.npy", vol)  # the usual baseline: uncompressed .npy, mmap'd
     store.write_dataset("ct", ["ct/windows", "ct/patches"])
     store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"])
     return store

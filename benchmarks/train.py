@@ -6,7 +6,8 @@ naive one the seeds started from (per-sample NIfTI read + full-volume float64 pr
     python benchmarks/train.py --quick    # fewer steps (CI smoke run)
     python benchmarks/train.py --device cuda --batch 16 --workers auto   # on a GPU machine
 
-On CUDA it also reports the GPU utilisation NVML sampled during each run (seed 003 saw 2.2 %).
+On CUDA it also reports the GPU utilisation NVML sampled during each run
+(a naive loader kept one team's GPU at 2.2 %).
 """
 
 import argparse

@@ -65,7 +65,7 @@ CT_SIZES = {
     "full": ((300, 512, 512), (1.0, 0.68, 0.68)),
 }
 SPIKE_SIZES = {"small": (96, 160), "full": (396, 640)}
-SPIKE_SUBFRAMES = 10  # high-speed frames per sample: blur = their mean; seed 001's 10 frames
+SPIKE_SUBFRAMES = 10  # high-speed frames per sample: blur = their mean (the GoPro spike layout)
 SPIKE_PACKED_REPEAT = 4  # camera frames per sub-frame in the bit-packed stream
 INSPECTION_SHAPE = (976, 176, 3)
 

@@ -2,7 +2,7 @@
 follow the manifests, both only when the data they read changed.
 
 ``eager()`` is not used: it waits while any upstream partition is missing, and a newly
-discovered scan is missing until it is built (shared/notes/dagster.md §2).  "Updated" is not
+discovered scan is missing until it is built.  "Updated" is not
 enough either: a run that reuses every partition records new materialisations with the same
 data versions, and must not refresh a manifest or retrain a model.
 """

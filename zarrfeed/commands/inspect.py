@@ -1,4 +1,4 @@
-"""``zarrfeed inspect [ASSET [KEY]]`` (seed 003's inspect tool): what the store holds.
+"""``zarrfeed inspect [ASSET [KEY]]`` : what the store holds.
 
 No argument: every stored asset with its partition count, sizes and ratio.  An asset: its
 partitions.  An asset and a key: each array's shape, dtype, chunks, codec and sizes, the

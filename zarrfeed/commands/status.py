@@ -1,4 +1,4 @@
-"""``zarrfeed status`` (seed 001's status check): per family, the partitions that are missing,
+"""``zarrfeed status`` : per family, the partitions that are missing,
 stale, failed, running or without a raw source, each with the command that fixes it.
 
 Out of date has one meaning here, the nightly schedule's (``zarrfeed.jobs.nightly

@@ -5,7 +5,7 @@ import dagster as dg
 
 def automation_sensor(group: str) -> dg.AutomationConditionSensorDefinition:
     """Evaluates the automation conditions of ``group``; running by default (Dagster's own
-    default sensor starts stopped: shared/notes/dagster.md §2)."""
+    default automation sensor starts stopped, so nothing would run until someone starts it)."""
     return dg.AutomationConditionSensorDefinition(
         f"{group}_automation",
         target=dg.AssetSelection.groups(group),

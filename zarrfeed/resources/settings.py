@@ -21,7 +21,7 @@ class Settings(dg.ConfigurableResource):
 class CTSettings(Settings):
     """How CT volumes are turned into HU, windows, sparse indices and the patch index.
 
-    The CT-CLIP geometry (seed 003) is ``spacing_zyx_mm=[1.5, 0.75, 0.75]``,
+    The CT-CLIP geometry is ``spacing_zyx_mm=[1.5, 0.75, 0.75]``,
     ``crop_pad_zyx=[240, 480, 480]`` and the ``ct-clip`` window ([-1000, 1000] HU).
     """
 

@@ -3,7 +3,7 @@
 zarr-python 3.1 spends about 0.5 ms of Python per chunk on top of the codec, so a whole 64³-
 chunked CT volume decodes at ~0.65 GB/s on one core however many threads it is given (and
 encodes slower), while Blosc-LZ4 decodes at 3–4 GB/s and releases the GIL
-(``shared/notes/limits.md``).  For the layout this store writes — Zarr v3, no sharding,
+(measured on a 2-core VM).  For the layout this store writes — Zarr v3, no sharding,
 ``bytes`` + ``blosc`` codecs — :class:`ChunkedArray` fetches chunk objects through the store's
 backend (many at once: files in threads, object-store GETs concurrently) and calls numcodecs'
 Blosc from a thread pool.  zarr still creates every array and its metadata, and any other

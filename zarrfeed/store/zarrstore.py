@@ -454,7 +454,7 @@ class ZarrStore:
     def build_manifest(
         self, asset: str, keys: list[str] | None = None, **extra: Any
     ) -> dict[str, Any]:
-        """Counts, shapes, dtypes and bytes of committed partitions (seed 003's manifest).
+        """Counts, shapes, dtypes and bytes of committed partitions: what training reads.
 
         ``keys`` limits it to those partitions (default: every committed one).  Each
         partition names its version, so a reader of the manifest reads exactly what it

@@ -1,6 +1,6 @@
 """Small real models, one per task: big enough to learn the sample data in a few dozen steps
-on two CPU cores, built from the same conv blocks so that gradient checkpointing (seed 004's
-"not implemented" item) is one switch for all of them."""
+on two CPU cores, built from the same conv blocks so that gradient checkpointing is one
+switch for all of them."""
 
 from __future__ import annotations
 

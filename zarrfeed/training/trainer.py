@@ -1,4 +1,4 @@
-"""The training loop (seed 004's list, distributed training included).
+"""The training loop: AMP, accumulation, checkpoints and distributed training.
 
 AMP (bf16 or fp16 + GradScaler on CUDA; bf16 autocast on the CPU on request), gradient accumulation
 (``no_sync`` on the micro-batches that do not step), ``zero_grad(set_to_none=True)``, pinned

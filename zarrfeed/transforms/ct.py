@@ -40,7 +40,7 @@ class Window:
         return self.level + self.width / 2
 
 
-# Radiopaedia presets (see shared/notes/domain.md §2).
+# Radiopaedia's window presets (width, level) in HU.
 WINDOWS: Mapping[str, Window] = {
     "lung": Window(1500, -600),
     "mediastinum": Window(350, 50),
@@ -48,7 +48,7 @@ WINDOWS: Mapping[str, Window] = {
     "liver": Window(150, 30),
     "bone": Window(1800, 400),
     "brain": Window(80, 40),
-    # CT-CLIP's intensity range (seed 003): [−1000, 1000] HU; its [−1, 1] is 2·window − 1.
+    # CT-CLIP's intensity range: [−1000, 1000] HU; its [−1, 1] is 2·window − 1.
     "ct-clip": Window(2000, 0),
 }
 
@@ -132,7 +132,7 @@ def apply_window(
     """Window HU to [0, 1]: ``clip((HU − lo) / W, 0, 1)`` as float16/float32, or ``round(255·y)``.
 
     Works block by block in float32 (never float64) and casts through torch, which is several
-    times faster than numpy's float32 → float16 conversion (``shared/notes/limits.md``).
+    times faster than numpy's float32 → float16 conversion.
     """
     w = get_window(window)
     flat_in = np.ascontiguousarray(hu).reshape(-1)
@@ -194,7 +194,7 @@ class CTPreset:
         }
 
 
-# CT-CLIP's preprocessing of CT-RATE (shared/notes/domain.md §1): [-1000, 1000] / 1000, pad -1.
+# CT-CLIP's preprocessing of CT-RATE: [-1000, 1000] / 1000, pad -1.
 CT_CLIP = CTPreset(
     name="ct-clip",
     spacing=(1.5, 0.75, 0.75),
@@ -240,7 +240,7 @@ def sample_resampled(
 
     An independent trilinear evaluation in numpy (``align_corners=False`` geometry: output
     voxel i sits at input coordinate ``(i + 0.5) · n_in / n_out − 0.5``, clamped to the edge),
-    used to verify stored volumes against their source on a subsample (seed 003's verify).
+    used to verify stored volumes against their source on a subsample (``zarrfeed verify``).
     """
     pts = np.asarray(points, dtype=np.float64)
     scale = np.array(source.shape, dtype=np.float64) / np.array(out_shape, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Local Gaussian defect synthesis (seed 002): render each defect only inside its support.
+"""Local Gaussian defect synthesis: render each defect only inside its support.
 
 The seed's first version built full-image meshgrids (976×176) for a 3×3 defect; here each
 defect touches only its kernel's footprint, and kernels are computed once and cached.

@@ -4,7 +4,7 @@ A spike stream is a (T, H, W) uint8 array of 0/1 events.  Two on-disk layouts ex
 
 * ``packed`` — the camera format SpikeCV reads: H·W/8 bytes a frame, bit b of byte k is pixel
   8k + b (least-significant bit first), frames stored upside down;
-* ``bytes`` — one byte per pixel, frames in order (seed 001: 10 × 396 × 640 uint8).
+* ``bytes`` — one byte per pixel, frames in order (GoPro spike data: 10 × 396 × 640 uint8).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def bin_edges(frames: int, bins: int) -> np.ndarray:
 
 
 def voxel_bins(spikes: np.ndarray, bins: int) -> np.ndarray:
-    """(T, H, W) spikes → (bins, H, W) spike counts per bin (seed 001: 10 frames → 5 bins).
+    """(T, H, W) spikes → (bins, H, W) spike counts per bin (e.g. 10 frames → 5 bins).
 
     Adds frame by frame in uint8 (uint16 when a bin could overflow): no widening to int64,
     which is what makes the naive ``sum`` 10× slower.

@@ -219,7 +219,7 @@ class StoreDataset(Dataset):
         return self.cache.nbytes
 
     def preload(self) -> None:
-        """Decode every cached array into the shared cache (seed 000's auto-preload), in
+        """Decode every cached array into the shared cache (automatic when it fits the budget), in
         this process: :meth:`ChunkedArray.read_into` decodes each array's chunks on every
         usable core straight into its cache file, faster than child processes start.  The
         cache is shared, so what is decoded here is what every worker then maps."""

@@ -86,7 +86,7 @@ class LoaderPlan:
         return kw
 
     def log_block(self, name: str = "train") -> str:
-        """The configuration in one block, like seed 001's training log."""
+        """The configuration in one block, as the training log prints it."""
         lines = [
             f"[{name}] ========== data loading configuration ==========",
             *[f"[{name}] {r}" for r in self.reasons],
@@ -166,7 +166,7 @@ def plan_loader(
     else:
         spec = str(workers)
         if spec == "auto":
-            share = 0.8  # seed 001: "auto" = 80 % of the CPUs, leaving room for the main process
+            share = 0.8  # "auto" = 80 % of the CPUs, leaving room for the main process
         elif spec.startswith("cpu*"):
             share = float(spec[4:])
         else:
