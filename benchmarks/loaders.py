@@ -25,6 +25,7 @@ import zarr
 from _bench import bench
 from torch.utils.data import DataLoader, Dataset
 
+from zarrfeed.errors import ConfigError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
 from zarrfeed.training.data import GB
@@ -228,7 +229,14 @@ def ooc_epoch(store: ZarrStore, budget_gb: float, workers: int) -> tuple[float, 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     ds = CTPatchDataset(store, window="lung", cache_gb=budget_gb)
-    loader, _ = make_loader(ds, BATCH, workers=workers, context="fork", log=None)
+    try:
+        loader, _ = make_loader(ds, BATCH, workers=workers, context="fork", log=None)
+    except ConfigError:  # batches in flight would not fit the budget beside the cache
+        stop.set()
+        sampler.join()
+        ds.cache.close()
+        clear_caches([ds.cache.arena.folder.path.name])
+        raise
     next(iter(loader))  # start the workers
     it = iter(loader)  # the timed epoch: its first batches are already being read
     ds.cache.clear()  # cold: nothing decoded, statistics at zero
@@ -256,7 +264,12 @@ def beyond_ram(
     zarr_rate, zw = best(
         lambda: ZarrPatches(zarrs, ds.items, ds.origins), "plain zarr (8 volumes)", repeats
     )
-    runs = {w: ooc_epoch(store, budget_gb, w) for w in (0, 1, 2)}
+    runs = {}
+    for w in (0, 1, 2):
+        try:
+            runs[w] = ooc_epoch(store, budget_gb, w)
+        except ConfigError as refused:  # the budget holds no batch in flight for w workers
+            print(f"# zarrfeed out of core, {w} workers refused: {refused}", flush=True)
     print(
         "# zarrfeed out of core: "
         + ", ".join(

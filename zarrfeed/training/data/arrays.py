@@ -376,6 +376,12 @@ class SharedArrayCache:
         self._tensors.clear()
 
 
+# numpy parses a .npy header with ast.literal_eval, and CPython 3.11's AST constructor is not
+# thread-safe: two parses at once can fail with "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905; seen here when the preload's threads map files at once).
+_HEADER_LOCK = threading.Lock()
+
+
 def _map_npy(path: Path) -> np.ndarray:
     """A ``.npy`` file mapped whole, shared, with its pages mapped up front (``MAP_POPULATE``):
     one call instead of a page fault per 4 KiB on first touch (~2 µs each, 50 ms per 110 MB).
@@ -386,7 +392,8 @@ def _map_npy(path: Path) -> np.ndarray:
             (1, 0): np.lib.format.read_array_header_1_0,
             (2, 0): np.lib.format.read_array_header_2_0,
         }[version]
-        shape, fortran, dtype = read_header(f)
+        with _HEADER_LOCK:
+            shape, fortran, dtype = read_header(f)
         offset = f.tell()
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)

@@ -228,8 +228,9 @@ def _fit_in_flight(
         raise ConfigError(
             f"cache budget too small for batches of {batch} bytes with workers: batches in "
             f"flight may take {room} bytes ({IN_FLIGHT_SHARE:.0%} of the budget), one worker "
-            f"needs {(1 + held) * batch}; the smallest cache_gb that works is {smallest(1)} "
-            f"({smallest(n)} for {n} workers), or use workers=0"
+            f"needs {(1 + held) * batch}; the smallest cache_gb that works is {smallest(1)}"
+            + (f" ({smallest(n)} for {n} workers)" if n > 1 else "")
+            + ", or use workers=0"
         )
     if slots < n:
         reasons.append(f"capped at {slots} workers: one batch each in flight, within {room} B")
