@@ -3,10 +3,10 @@ process, the shared decoded-array cache, the optional sample transform, and what
 sampler needs to know.
 
 A sample is a dict of tensors (and ints) that ``torch.utils.data.default_collate`` batches, so
-a plain ``DataLoader`` works.  Datasets with a batched read return from ``__getitems__`` a list
-of such samples whose tensors are rows of one batch buffer; :func:`collate_batch` hands that
-buffer on without copying it (``make_loader`` passes it), where ``default_collate`` would copy
-it once more.
+a plain ``DataLoader`` works.  Datasets with a batched read return from ``__getitems__`` the
+samples as rows of one batch (:class:`BatchSamples`); :func:`collate_batch` hands that batch
+on without copying it (``make_loader`` passes it), where ``default_collate`` copies it once
+more.
 
 Every index is a handful of flat numpy arrays built from the dataset manifests and the
 consolidated tables that the ``datasets`` assets write (no per-sample Python objects, which
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -34,41 +34,36 @@ GB = 1 << 30
 TRANSFORM_STREAM = 1  # rng stream of the transforms (0: crops and defects)
 
 
-def collate_batch(batch: list[Any]) -> Any:
-    """``default_collate``, except that tensors which are the consecutive rows of one buffer
-    (what a batched ``__getitems__`` returns) come back as that buffer, without a copy."""
-    if not batch or not all(isinstance(b, dict) for b in batch):
+class BatchSamples(Sequence):
+    """The samples of a batch read at once: sample ``i`` is a dict of row ``i`` of each of the
+    batch's tensors (views, made when asked for), so ``default_collate`` batches them like
+    any samples, and :func:`collate_batch` takes the batch itself without touching them."""
+
+    def __init__(self, batch: dict[str, Any], size: int) -> None:
+        self.batch, self.size = batch, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, row: Any) -> Any:
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(self.size))]
+        if not -self.size <= row < self.size:
+            raise IndexError(f"sample {row} of a batch of {self.size}")
+        return {k: v[row] for k, v in self.batch.items()}
+
+
+def collate_batch(batch: Sequence[Any]) -> Any:
+    """``default_collate``, except that the samples of a batch read at once
+    (:class:`BatchSamples`) come back as that batch, without a copy."""
+    if not isinstance(batch, BatchSamples):
         return default_collate(batch)
-    out = {}
-    for key in batch[0]:
-        values = [b[key] for b in batch]
-        rows = _rows_of_one_buffer(values)
-        out[key] = rows if rows is not None else default_collate(values)
-        reader = getattr(get_worker_info(), "dataset", None)  # None outside a worker
-        if rows is not None and not rows.is_shared() and hasattr(reader, "shared_batches"):
-            # This buffer crosses to the main process by a copy into shared memory: have the
-            # worker's next batches read straight into shared memory instead.
-            reader.shared_batches = True
-    return out
-
-
-def _rows_of_one_buffer(values: list[Any]) -> torch.Tensor | None:
-    """The (N, ...) tensor whose rows ``values`` are, in order, or None."""
-    first = values[0]
-    if type(first) is not torch.Tensor or not first.is_contiguous() or not first.numel():
-        return None
-    storage, start, step = first.untyped_storage(), first.storage_offset(), first.numel()
-    for row, v in enumerate(values):
-        if not (
-            type(v) is torch.Tensor
-            and v.untyped_storage().data_ptr() == storage.data_ptr()
-            and v.storage_offset() == start + row * step
-            and v.shape == first.shape
-            and v.dtype == first.dtype
-            and v.is_contiguous()
-        ):
-            return None
-    return first.new_empty(0).set_(storage, start, (len(values), *first.shape))
+    reader = getattr(get_worker_info(), "dataset", None)  # None outside a worker
+    if hasattr(reader, "shared_batches"):
+        # Handed on as it is, the batch crosses to the main process through shared memory:
+        # have the worker's next batches read straight into it.
+        reader.shared_batches = True
+    return batch.batch
 
 
 def plain(value: Any) -> Any:

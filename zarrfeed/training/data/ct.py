@@ -3,7 +3,7 @@ occupied-voxel coordinates of the sparse indices."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
-from zarrfeed.training.data.base import StoreDataset, collate_batch
+from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
 from zarrfeed.transforms.sparse import sample_points
 
@@ -107,15 +107,15 @@ class CTPatchDataset(StoreDataset):
             out["labels"] = torch.from_numpy(self.labels[item])
         return out
 
-    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+    def __getitems__(self, indices: list[int]) -> Sequence[dict[str, Any]]:
         """A batch of samples, read at once: each patch is copied once, from the shared
         cache into its row of one batch tensor (in a worker whose collate is
         :func:`collate_batch`, a tensor in shared memory, so handing it to the main process
-        copies nothing more).  Equal to ``[self[i] for i in indices]``."""
+        copies nothing more).  Batched, they equal ``[self[i] for i in indices]``."""
         if not self.patch:
             return [self[i] for i in indices]
         batch = self.guarded(int(indices[0]), lambda: self._read_batch(indices))
-        samples = [{k: v[row] for k, v in batch.items()} for row in range(len(indices))]
+        samples = BatchSamples(batch, len(indices))
         if self.transform is None:
             return samples
         return [
@@ -141,7 +141,7 @@ class CTPatchDataset(StoreDataset):
         # In the training process copies run on every usable core (they release the GIL);
         # a worker is one of several processes sharing the cores.
         self.cache.read_into(requests, threads=1 if worker else usable_threads())
-        batch: dict[str, Any] = {"image": image, "item": items.tolist()}
+        batch: dict[str, Any] = {"image": image, "item": torch.from_numpy(items)}
         if self.labels is not None:
             batch["labels"] = torch.from_numpy(self.labels[items])
         return batch
