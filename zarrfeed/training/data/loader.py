@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.training.data.sampler import make_sampler
+from zarrfeed.training.data.shm import alive
 from zarrfeed.training.data.start import start_method
 
 WORKER_OVERHEAD_BYTES = 300 << 20  # interpreter + torch + zarr per worker, measured ~250 MB
@@ -123,21 +124,11 @@ def _exit_with(owner: int) -> None:
     except OSError:
         pidfd = None
     if pidfd is None:  # no pidfds here: poll
-        while _alive(owner):
+        while alive(owner):
             time.sleep(1.0)
         os._exit(1)
     select.select([pidfd], [], [])  # readable once the owner has exited
     os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def plan_loader(
