@@ -12,10 +12,10 @@ from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
+from zarrfeed.training.data.reader import copy_threads
 from zarrfeed.transforms.sparse import sample_points
 
 _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
@@ -132,15 +132,15 @@ class CTPatchDataset(StoreDataset):
         if worker and self.shared_batches:  # built straight into what goes to the main process
             image.share_memory_()  # (default_collate would copy it into shared memory again)
         out = image.numpy()
+        size = self.patch_shape
         requests = [
-            (self.asset, item, self.window, self._region(origin), out[row, 0])
+            (self.asset, item, self.window,
+             tuple(slice(o, o + n) for o, n in zip(origin, size, strict=True)), out[row, 0])
             for row, (item, origin) in enumerate(
-                zip(items.tolist(), self.patch_origins(idx), strict=True)
+                zip(items.tolist(), self.patch_origins(idx).tolist(), strict=True)
             )
-        ]
-        # In the training process copies run on every usable core (they release the GIL);
-        # a worker is one of several processes sharing the cores.
-        self.cache.read_into(requests, threads=1 if worker else usable_threads())
+        ]  # fmt: skip
+        self.cache.read_into(requests, threads=copy_threads())
         batch: dict[str, Any] = {"image": image, "item": torch.from_numpy(items)}
         if self.labels is not None:
             batch["labels"] = torch.from_numpy(self.labels[items])
