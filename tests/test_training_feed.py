@@ -13,8 +13,11 @@ from test_training_cache import PATCH, build_ct, expected
 from torch.utils.data import Dataset
 
 from zarrfeed.training import CTPatchDataset
+from zarrfeed.training.data import ring as ring_module
 from zarrfeed.training.data.device import DeviceSlots, plan_device
 from zarrfeed.training.data.feed import EpochChain, EpochIndexed, Feed, LoaderKeys, make_feed
+from zarrfeed.training.data.loader import make_loader
+from zarrfeed.training.data.ring import RELEASE, BatchRing, settle
 from zarrfeed.training.data.sampler import ResumableSampler
 from zarrfeed.training.trainer import train
 
@@ -222,3 +225,62 @@ def test_training_through_the_slot_pool_matches_the_loader(built, tmp_path):
     loaded, _ = run("loader", device_cache="off", sampler="random", workers="0")
     np.testing.assert_allclose(pooled["loss"], loaded["loss"], rtol=1e-5)
     assert pooled["samples"] == loaded["samples"] and len(pooled["loss"]) == 4
+
+
+def test_batch_ring_slots_are_written_only_after_the_reader_frees_them():
+    ring = BatchRing(2, (3, 4), torch.float16)
+    first, second = ring.take(), ring.take()
+    assert {first, second} == {0, 1}
+    t0 = time.monotonic()
+    assert ring.take(wait_s=0.05) is None  # none free: fresh memory instead, after the wait
+    assert ring.take(wait_s=5) is None and time.monotonic() - t0 < 1  # no waiting again
+    image, release = ring.batch(first)
+    image.fill_(7)
+    kept = settle({"image": image, "item": torch.arange(3), RELEASE: release}, pin=False)
+    assert RELEASE not in kept and ring.state.tolist()[first] == 0  # freed once copied out
+    assert kept["image"].untyped_storage().data_ptr() != ring.data.untyped_storage().data_ptr()
+    assert ring.take() == first  # reused: the copy the reader kept is not touched
+    ring.data[first].fill_(1)
+    assert torch.equal(kept["image"], torch.full((3, 4), 7, dtype=torch.float16))
+    ring.give_back(second)  # a read that failed hands its slot back
+    assert ring.take() == second
+
+
+def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
+    """Workers write batches into slots made once; a consumer that frees them sees them come
+    back; one that does not still gets right batches (fresh memory) after the wait."""
+    ds = CTPatchDataset(store, cache_gb=1)
+    slots = 5  # prefetch 4 + the one being copied out
+    keys = [[(0, i) for i in range(b * BATCH, (b + 1) * BATCH)] for b in range(3 * slots)]
+    loader, plan = make_loader(
+        EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
+        collate_fn=ds.collate, batch_sampler=keys,
+    )  # fmt: skip
+    assert plan.ring and plan.prefetch_factor + 1 == slots
+    assert loader.pin_memory is False and ds.batch_ring == 0  # the caller's is untouched
+    rings = set()
+    for b, batch in enumerate(loader):
+        rings.add(batch["image"].untyped_storage().data_ptr())
+        assert batch["image"].untyped_storage().nbytes() == slots * batch["image"].nbytes
+        kept = settle(batch, pin=False)
+        for row in range(BATCH):
+            np.testing.assert_array_equal(kept["image"][row, 0].numpy(),
+                                          expected(ds, b * BATCH + row))  # fmt: skip
+    assert len(rings) == 1  # one ring, mapped once, for 3 x its slots of batches
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(ring_module, "WAIT_S", 0.05)  # forked workers inherit it
+    try:
+        held = []
+        loader, _ = make_loader(
+            EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
+            collate_fn=ds.collate, batch_sampler=keys,
+        )  # fmt: skip
+        for b, batch in enumerate(loader):  # never freed: the worker falls back
+            held.append(batch)
+            for row in range(BATCH):
+                np.testing.assert_array_equal(batch["image"][row, 0].numpy(),
+                                              expected(ds, b * BATCH + row))  # fmt: skip
+        assert sum(RELEASE in batch for batch in held) == slots
+    finally:
+        monkey.undo()

@@ -36,8 +36,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from zarrfeed.training.data.base import collate_batch
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source, plan_device
 from zarrfeed.training.data.loader import LoaderPlan, make_loader
+from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
 
 Tag = tuple[int, int]  # (epoch, batch position within the epoch)
@@ -84,27 +86,41 @@ class EpochIndexed(Dataset):
     are the dataset's own (the cache, ``preload``, ``collate``).
     """
 
+    _OWN = ("dataset", "_owner", "_own", "batch_ring")
+
     def __init__(self, dataset: Dataset) -> None:
         self.dataset, self._owner, self._own = dataset, os.getpid(), False
+        # batch slots for the workers (make_loader sets it): applied to each worker's copy
+        # of the dataset only, never to the caller's, which other loaders may read
+        self.batch_ring = 0
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("dataset", "_owner", "_own"):
+        if name.startswith("__") or name in self._OWN:
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # what the loader sets (batch_ring) and the workers' collate sets (shared_batches)
+        # are the dataset's own settings
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def _set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if set_epoch is None:
-            return
-        if os.getpid() != self._owner and not self._own:
+        if os.getpid() != self._owner and not self._own:  # first batch in a worker
             own = getattr(self.dataset, "own_epoch", None)
             if own is not None:
                 own()
+            if hasattr(self.dataset, "batch_ring"):
+                self.dataset.batch_ring = self.batch_ring
             self._own = True
-        set_epoch(epoch)
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
 
     def __getitem__(self, key: int | tuple[int, int]) -> Any:
         if isinstance(key, tuple):
@@ -403,7 +419,12 @@ def _loader_feed(
         context=context,
         log=None,
         pin_memory=device.type == "cuda",
+        # batch slots the workers reuse, freed below once copied out: only where the batch
+        # is handed on whole (collate_batch); default_collate copies it anyway
+        ring=hasattr(dataset, "batch_ring")
+        and (collate_fn or getattr(dataset, "collate", None)) is collate_batch,
     )
+    pin = plan.pin_memory and plan.ring  # the DataLoader pins otherwise
     plan.reasons[:0] = notes
     # The iterator starts in the producer thread while the model is built: its workers' base
     # seed comes from a generator of its own, never from the global one the model draws on.
@@ -414,6 +435,6 @@ def _loader_feed(
     def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
         keys.start = start
         for batch in loader:  # one iterator for the whole run: it never ends by itself
-            yield keys.tags.popleft(), batch
+            yield keys.tags.popleft(), settle(batch, pin)
 
     return Feed(produce, device, chain.per_epoch, depth, plan.reasons)
