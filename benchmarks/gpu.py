@@ -35,7 +35,7 @@ from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
 from zarrfeed.training.data.device import DevicePatches, units_per_patch
 from zarrfeed.training.data.reader import MIN_SLOTS
 from zarrfeed.training.tasks import CTClassification
-from zarrfeed.training.trainer import amp_policy
+from zarrfeed.training.trainer import amp_policy, make_optimizer
 
 GIB = 1 << 30
 
@@ -83,7 +83,7 @@ def limit(cfg: TrainConfig, ds: CTPatchDataset, device: torch.device, steps: int
     torch.manual_seed(cfg.seed)
     model = task.model(ds).to(device)
     t = cfg.train
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = make_optimizer(model, t.lr, t.weight_decay, device)  # as the trainer's
     dtype, scaled = amp_policy(t.amp, device)
     scaler = torch.amp.GradScaler(device.type, enabled=scaled)
     held = DevicePatches(ds, device)
