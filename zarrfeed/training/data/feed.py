@@ -202,7 +202,11 @@ class Feed:
         reasons: list[str] | None = None,
     ) -> None:
         self.device, self.per_epoch, self.reasons = device, per_epoch, reasons or []
+        self.source: DevicePatches | DeviceSlots | None = None  # the device tier, if any
         self._cuda = device.type == "cuda"
+        # what was queued on the device before the feed (the device tier's uploads and
+        # tables, on the caller's stream): the side stream starts after it
+        self._origin = torch.cuda.current_stream(device) if self._cuda else None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._start: Tag | None = None
         self._begun, self._stop = threading.Event(), threading.Event()
@@ -234,6 +238,7 @@ class Feed:
             if self._cuda:
                 torch.cuda.set_device(self.device)
                 side = torch.cuda.Stream(self.device)
+                side.wait_stream(self._origin)
             batches = self._produce(self._wait_start)
             self._produce = None  # the generator holds what it needs; closing it frees it
             while not self._stop.is_set():
