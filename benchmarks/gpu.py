@@ -32,7 +32,7 @@ from _bench import bench
 from train import build_store, steady
 
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
-from zarrfeed.training.data.device import DevicePatches, units_per_patch
+from zarrfeed.training.data.device import DevicePatches, pool_layout
 from zarrfeed.training.data.reader import MIN_SLOTS
 from zarrfeed.training.tasks import CTClassification
 from zarrfeed.training.trainer import amp_policy, make_optimizer
@@ -45,13 +45,17 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def regimes(ds: CTPatchDataset, batch: int) -> dict[str, tuple[float, float, str]]:
+def regimes(
+    ds: CTPatchDataset, batch: int, device: torch.device
+) -> dict[str, tuple[float, float, str]]:
     """Regime → (host cache GiB, device cache GiB, what was set).  A quarter of the dataset
-    each, raised where small data would leave a pool without room for one batch or an arena
-    below its minimum of units (then the text says so)."""
+    each, raised where small data would leave a pool without room for one batch (besides
+    its tables, staging and gather scratch) or an arena below its minimum of units."""
     size, unit = ds.nbytes(), ds.cache.unit_bytes
     ample = (2 * size + (64 << 20)) / GIB
-    device = max(size / 4, 1.25 * batch * units_per_patch(ds) * unit)
+    bare = pool_layout(ds, device, 0, batch)
+    smallest = bare.tables + bare.staging + bare.gather + bare.need * bare.slot_bytes
+    device = max(size / 4, 1.25 * smallest)
     host = max(size / 4, (MIN_SLOTS + 4) * unit + (1 << 20), device)
     note = f"dataset {size / 1e9:.3f} GB"
     return {
@@ -180,7 +184,7 @@ def main() -> None:
                 "dataloader": {"workers": args.workers}, "data": {"eval_batches": 1},
                 "train": {"batch_size": batch, "amp": amp, "device": str(device)}}  # fmt: skip
         cfg = TrainConfig.model_validate({**base, "out": str(work / "limit")})
-        plan = regimes(CTPatchDataset(store, cfg.data.window), batch)
+        plan = regimes(CTPatchDataset(store, cfg.data.window), batch, device)
         ds = CTPatchDataset(store, cfg.data.window, cache_gb=plan["fits"][0])
         step, measure = limit(cfg, ds, device, steps, skip)
         first = measure()

@@ -361,15 +361,60 @@ def make_feed(
     if log:
         log(loader_plan.log_block())
 
+    ahead = None
+    if isinstance(holder, DeviceSlots) and isinstance(sampler, BlockSampler):
+        # out of core the host decodes the next block from this one's middle: upload it then
+        ahead = BlockAhead(sampler, dataset, holder, batch_size, half=not cache.in_ram)
+
     def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
         begin = start()
         if begin is None:
             return
         for tag, indices in chain.batches(*begin):
             dataset.set_epoch(tag[0])  # patch placement and crops are per (seed, epoch, index)
+            if ahead is not None:
+                ahead.at(tag)
             yield tag, holder.batch(indices)
 
-    return Feed(produce, device, chain.per_epoch, depth, reasons)
+    feed = Feed(produce, device, chain.per_epoch, depth, reasons)
+    feed.source = holder
+    return feed
+
+
+class BlockAhead:
+    """Tells a slot pool, at each block's first batch, which units this block and the next
+    one read, so that it uploads the next block's while this one trains (the block
+    sampler's blocks fit half the pool: the other half is the next block's)."""
+
+    def __init__(
+        self, sampler: BlockSampler, dataset: Any, pool: DeviceSlots, batch_size: int, half: bool
+    ) -> None:
+        self.sampler, self.dataset, self.pool = sampler, dataset, pool
+        self.batch_size, self.half = batch_size, half
+        self._epoch, self._block, self._plan = -1, -1, []
+
+    def _blocks(self, epoch: int) -> list[np.ndarray]:
+        order, starts = self.sampler.plan(epoch)
+        return np.split(order, starts[1:])
+
+    def at(self, tag: Tag) -> None:
+        epoch, position = tag
+        if epoch != self._epoch:
+            self._epoch, self._block, self._plan = epoch, -1, self._blocks(epoch)
+        first = position * self.batch_size
+        ends = np.cumsum([len(b) for b in self._plan])
+        block = int(np.searchsorted(ends, first, side="right"))
+        if block == self._block or block >= len(self._plan):
+            return
+        self._block = block
+        following = (
+            self._plan[block + 1] if block + 1 < len(self._plan) else self._blocks(epoch + 1)[0]
+        )
+        batches = max(1, (int(ends[block]) - first) // self.batch_size)
+        units = self.dataset.sample_units
+        self.pool.plan_ahead(
+            units(self._plan[block]), units(following), batches, batches // 2 if self.half else 0
+        )
 
 
 def _device_sampler(
@@ -381,9 +426,10 @@ def _device_sampler(
         sampler = BlockSampler(dataset, rank, world, seed, block_bytes=block)
         sampler.reason = (
             f"block shuffle: partitions in blocks of <= {block / 1e9:.3f} GB of cache units "
-            f"(half the smaller of the {holder.nbytes() / 1e9:.3f} GB device pool and the "
-            f"{host / 1e9:.3f} GB host cache), shuffled within each block, the next block "
-            "decoded on the host and uploaded ahead of the step"
+            f"(half the smaller of the {holder.nbytes() / 1e9:.3f} GB of device slots and the "
+            f"{host / 1e9:.3f} GB host cache), shuffled within each block; the device slots "
+            "hold this block's units in one half and the next block's, uploaded a few per "
+            "batch while this one trains, in the other"
         )
         return sampler
     if order == "block":
