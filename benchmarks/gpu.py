@@ -18,6 +18,21 @@ on the same volumes and model.
 
     python benchmarks/gpu.py --device cuda            # 16 full-size scans, batch 32, 400 steps
     python benchmarks/gpu.py --device cpu --quick     # the same code paths on small data (CI)
+
+On a GPU machine without internet (Python 3.12 with torch, numpy and scipy, but no Dagster,
+Zarr or MONAI): first, where the package registry answers, ``bash benchmarks/gpu_wheels.sh``
+fetches the wheels it lacks into ``benchmarks/.wheels`` (git-ignored, ~47 MB: carry that
+folder to the machine); then, from the checkout there, one command installs them beside the
+checkout, checks the imports, and runs every regime at batch 32 on 16 full-size scans::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/.wheels/*.whl \
+      && export PYTHONPATH=$PWD:/tmp/site \
+      && python3 -c "import zarrfeed.definitions, zarrfeed.training, monai" \
+      && python3 benchmarks/gpu.py --device cuda --batch 32 > /tmp/gpu.log 2>&1; \
+      grep -E "^(BENCH|#)|skipped" /tmp/gpu.log; tail -3 /tmp/gpu.log
+
+It prints when the store is built and each regime is done (``#`` lines), so a run cut short
+by a time limit says where the time went; ``--scans 8`` halves the build.
 """
 
 import argparse
@@ -179,7 +194,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
+        t0 = time.perf_counter()
         _, store = build_store(work, scans, size)
+        print(f"# {scans} {size} scans built in {time.perf_counter() - t0:.0f}s", flush=True)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
                 "dataloader": {"workers": args.workers}, "data": {"eval_batches": 1},
                 "train": {"batch_size": batch, "amp": amp, "device": str(device)}}  # fmt: skip
@@ -203,6 +220,8 @@ def main() -> None:
                 base, work / regime, host_gb, device_gb, steps, skip
             )
             rates[regime], shares[regime] = rate, share
+            print(f"# {regime}: {rate:.0f} samples/s, waiting {share:.1%} "
+                  f"({time.perf_counter() - t0:.0f}s so far)", flush=True)  # fmt: skip
             tier = next((r for r in reasons if r.startswith("device cache")), "?")
             notes[regime] = f"{what}; {tier}"
         # The limit, measured before and after the regimes: the better of the two (the first
@@ -217,7 +236,7 @@ def main() -> None:
                   f"{rate:.0f} vs {ceiling:.0f} samples/s")  # fmt: skip
         theirs, why = monai_rate(ds, step, device, batch, steps, skip)
         if theirs is None:
-            print(f"gpu.vs_monai skipped: {why}")
+            print(f"# gpu.vs_monai skipped: {why}")
         else:
             ours = rates["fits"]
             bench("gpu.vs_monai", ours / theirs, "x",
