@@ -311,10 +311,17 @@ def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
     keys = [[(0, i) for i in range(b * BATCH, (b + 1) * BATCH)] for b in range(3 * slots)]
     loader, plan = make_loader(
         EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
-        collate_fn=ds.collate, batch_sampler=keys,
+        collate_fn=ds.collate, batch_sampler=keys, pin_memory=False,
     )  # fmt: skip
     assert plan.ring and plan.prefetch_factor + 1 == slots
     assert loader.pin_memory is False and ds.batch_ring == 0  # the caller's is untouched
+    assert "pinned memory: off (the training device is not CUDA)" in plan.reasons
+    # pinned memory follows the training device: for CUDA the feed copies out into it
+    _, cuda = make_loader(EpochIndexed(ds), BATCH, workers=1, context="fork", log=None,
+                          ring=True, pin_memory=True, batch_sampler=keys)  # fmt: skip
+    assert cuda.pin_memory and cuda.kwargs()["pin_memory"] is False
+    assert "pinned memory: on (training on CUDA)" in cuda.reasons
+    assert any("copies each batch out into pinned memory" in r for r in cuda.reasons)
     rings = set()
     for b, batch in enumerate(loader):
         rings.add(batch["image"].untyped_storage().data_ptr())
