@@ -10,8 +10,10 @@ hand-off, pinned buffer) before the transfer.  Held on the device, a batch is on
 * :class:`DeviceSlots` — it does not: a fixed pool of equal device slots holds cache units
   (the host cache's units, :mod:`~zarrfeed.training.data.units`), uploaded from the host
   cache — in RAM or the out-of-core arena alike — through pinned memory by asynchronous
-  copies, evicting the least recently used units.  With the block sampler a block's units
-  stay resident while it is read, and the next block's are uploaded ahead of the step.
+  copies, evicting the least recently used units; its budget holds its lookup tables,
+  staging buffers and gather scratch as well (:func:`pool_layout`).  With the block sampler
+  a block's units stay resident while it is read, and the next block's go up a few per
+  batch meanwhile, into room that neither block needs.
 
 Either way a batch's voxels are found by index arithmetic on the device and cut by one
 ``torch.take``, never a Python loop of slices, and the batch equals what the dataset's own
