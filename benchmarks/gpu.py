@@ -18,6 +18,21 @@ on the same volumes and model.
 
     python benchmarks/gpu.py --device cuda            # 16 full-size scans, batch 32, 400 steps
     python benchmarks/gpu.py --device cpu --quick     # the same code paths on small data (CI)
+
+On a GPU machine without internet (Python 3.12 with torch, numpy and scipy, but no Dagster,
+Zarr or MONAI): first, where the package registry answers, ``bash benchmarks/gpu_wheels.sh``
+fetches the wheels it lacks into ``benchmarks/.wheels`` (git-ignored, ~47 MB: carry that
+folder to the machine); then, from the checkout there, one command installs them beside the
+checkout, checks the imports, and runs every regime at batch 32 on 16 full-size scans::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site benchmarks/.wheels/*.whl \
+      && export PYTHONPATH=$PWD:/tmp/site \
+      && python3 -c "import zarrfeed.definitions, zarrfeed.training, monai" \
+      && python3 benchmarks/gpu.py --device cuda --batch 32 > /tmp/gpu.log 2>&1; \
+      grep -E "^(BENCH|#)|skipped" /tmp/gpu.log; tail -3 /tmp/gpu.log
+
+It prints when the store is built and each regime is done (``#`` lines), so a run cut short
+by a time limit says where the time went; ``--scans 8`` halves the build.
 """
 
 import argparse
@@ -32,10 +47,10 @@ from _bench import bench
 from train import build_store, steady
 
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
-from zarrfeed.training.data.device import DevicePatches, units_per_patch
+from zarrfeed.training.data.device import DevicePatches, pool_layout
 from zarrfeed.training.data.reader import MIN_SLOTS
 from zarrfeed.training.tasks import CTClassification
-from zarrfeed.training.trainer import amp_policy
+from zarrfeed.training.trainer import amp_policy, make_optimizer
 
 GIB = 1 << 30
 
@@ -45,13 +60,17 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def regimes(ds: CTPatchDataset, batch: int) -> dict[str, tuple[float, float, str]]:
+def regimes(
+    ds: CTPatchDataset, batch: int, device: torch.device
+) -> dict[str, tuple[float, float, str]]:
     """Regime → (host cache GiB, device cache GiB, what was set).  A quarter of the dataset
-    each, raised where small data would leave a pool without room for one batch or an arena
-    below its minimum of units (then the text says so)."""
+    each, raised where small data would leave a pool without room for one batch (besides
+    its tables, staging and gather scratch) or an arena below its minimum of units."""
     size, unit = ds.nbytes(), ds.cache.unit_bytes
     ample = (2 * size + (64 << 20)) / GIB
-    device = max(size / 4, 1.25 * batch * units_per_patch(ds) * unit)
+    bare = pool_layout(ds, device, 0, batch)
+    smallest = bare.tables + bare.staging + bare.gather + bare.need * bare.slot_bytes
+    device = max(size / 4, 1.25 * smallest)
     host = max(size / 4, (MIN_SLOTS + 4) * unit + (1 << 20), device)
     note = f"dataset {size / 1e9:.3f} GB"
     return {
@@ -83,7 +102,7 @@ def limit(cfg: TrainConfig, ds: CTPatchDataset, device: torch.device, steps: int
     torch.manual_seed(cfg.seed)
     model = task.model(ds).to(device)
     t = cfg.train
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = make_optimizer(model, t.lr, t.weight_decay, device)  # as the trainer's
     dtype, scaled = amp_policy(t.amp, device)
     scaler = torch.amp.GradScaler(device.type, enabled=scaled)
     held = DevicePatches(ds, device)
@@ -175,12 +194,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
+        t0 = time.perf_counter()
         _, store = build_store(work, scans, size)
+        print(f"# {scans} {size} scans built in {time.perf_counter() - t0:.0f}s", flush=True)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
                 "dataloader": {"workers": args.workers}, "data": {"eval_batches": 1},
                 "train": {"batch_size": batch, "amp": amp, "device": str(device)}}  # fmt: skip
         cfg = TrainConfig.model_validate({**base, "out": str(work / "limit")})
-        plan = regimes(CTPatchDataset(store, cfg.data.window), batch)
+        plan = regimes(CTPatchDataset(store, cfg.data.window), batch, device)
         ds = CTPatchDataset(store, cfg.data.window, cache_gb=plan["fits"][0])
         step, measure = limit(cfg, ds, device, steps, skip)
         first = measure()
@@ -199,6 +220,8 @@ def main() -> None:
                 base, work / regime, host_gb, device_gb, steps, skip
             )
             rates[regime], shares[regime] = rate, share
+            print(f"# {regime}: {rate:.0f} samples/s, waiting {share:.1%} "
+                  f"({time.perf_counter() - t0:.0f}s so far)", flush=True)  # fmt: skip
             tier = next((r for r in reasons if r.startswith("device cache")), "?")
             notes[regime] = f"{what}; {tier}"
         # The limit, measured before and after the regimes: the better of the two (the first
@@ -213,7 +236,7 @@ def main() -> None:
                   f"{rate:.0f} vs {ceiling:.0f} samples/s")  # fmt: skip
         theirs, why = monai_rate(ds, step, device, batch, steps, skip)
         if theirs is None:
-            print(f"gpu.vs_monai skipped: {why}")
+            print(f"# gpu.vs_monai skipped: {why}")
         else:
             ours = rates["fits"]
             bench("gpu.vs_monai", ours / theirs, "x",

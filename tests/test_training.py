@@ -18,7 +18,7 @@ from zarrfeed.training import CTPatchDataset
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DevicePatches
 from zarrfeed.training.data.sampler import ResumableSampler
-from zarrfeed.training.trainer import amp_policy, train
+from zarrfeed.training.trainer import amp_policy, make_optimizer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,6 +167,40 @@ def test_amp_policy():
     assert amp_policy("auto", cpu) == (None, False)  # fp32: bf16 autocast NaN'd on the CPU
     with pytest.raises(ConfigError, match="fp16 needs CUDA"):
         amp_policy("fp16", cpu)
+
+
+def test_a_scaled_step_reads_nothing_back_with_the_optimizer_cuda_gets(monkeypatch):
+    """fp16 needs a GradScaler; with the fused AdamW the trainer makes on CUDA, its inf check
+    and unscale stay on the device (run here with the same kernels on the CPU): no value is
+    read back to the host in the step, where any other optimizer reads the inf flag."""
+    cpu = torch.device("cpu")
+    assert make_optimizer(torch.nn.Linear(2, 2), 1e-3, 0.0, cpu).param_groups[0]["fused"] is None
+
+    def run(fused: bool, grads: float) -> tuple[torch.Tensor, int]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused or None)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        reads = []
+        item = torch.Tensor.item
+        monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(1) or item(t))
+        for _ in range(2):
+            scaler.scale(model(torch.ones(3, 4)).sum() * grads).backward()
+            scaler.unscale_(optimizer)  # the trainer's gradient clipping does this first
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        monkeypatch.setattr(torch.Tensor, "item", item)
+        return model.weight.detach().clone(), len(reads)
+
+    fused, fused_reads = run(True, 1.0)
+    plain, plain_reads = run(False, 1.0)
+    assert fused_reads == 0 and plain_reads >= 2  # at least one per step without the fused kernel
+    torch.testing.assert_close(fused, plain)  # the same update
+    skipped, _ = run(True, float("inf"))  # an overflow: the step is skipped on the device
+    torch.manual_seed(0)
+    assert torch.equal(skipped, torch.nn.Linear(4, 2).weight.detach())
 
 
 def test_bf16_autocast_on_cpu_trains(built, tmp_path):

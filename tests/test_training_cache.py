@@ -22,6 +22,7 @@ from zarrfeed.store import zarrstore as zarrstore_module
 from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
 from zarrfeed.training.data import arena as arena_module
 from zarrfeed.training.data import locks
+from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.shm import clear_caches, held_bytes, list_caches, sweep
 
 PATCH = 32
@@ -225,9 +226,10 @@ def _shmem() -> int:
     raise AssertionError("no Shmem in /proc/meminfo")
 
 
-def _epoch_peaks(ds: CTPatchDataset, workers: int) -> tuple[int, int]:
+def _epoch_peaks(ds: CTPatchDataset, workers: int, ring: bool = False) -> tuple[int, int]:
     """(peak rise of Shmem, peak bytes the kernel holds for the cache's files) over one
-    epoch, sampled every 2 ms from before the cache exists."""
+    epoch, sampled every 2 ms from before the cache exists; with ``ring``, the workers write
+    into batch slots that the consumer frees, as the training feed does."""
     peaks, stop = [0, 0], threading.Event()
     base = _shmem()
 
@@ -240,9 +242,10 @@ def _epoch_peaks(ds: CTPatchDataset, workers: int) -> tuple[int, int]:
     thread = threading.Thread(target=sample)
     thread.start()
     try:
-        loader, _ = make_loader(ds, 4, workers=workers, context="fork", log=None)
+        loader, plan = make_loader(ds, 4, workers=workers, context="fork", log=None, ring=ring)
+        assert plan.ring == ring
         for batch in loader:
-            assert batch["image"].shape[0] > 0
+            assert settle(batch, pin=False)["image"].shape[0] > 0
         del loader
     finally:
         stop.set()
@@ -251,7 +254,8 @@ def _epoch_peaks(ds: CTPatchDataset, workers: int) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_shared_memory_stays_within_the_budget_under_two_workers(tmp_path):
+@pytest.mark.parametrize("ring", [False, True], ids=["fresh batches", "batch slots"])
+def test_shared_memory_stays_within_the_budget_under_two_workers(tmp_path, ring):
     # 16 volumes of 4 MiB (128 units of 64³ float16) for a 32-unit budget: 3.8x the cache.
     store = build_ct(tmp_path / "store.zarr", n=16, shape=(64, 128, 256), per=16)
     budget = unit_budget_gb(32)
@@ -260,7 +264,7 @@ def test_shared_memory_stays_within_the_budget_under_two_workers(tmp_path):
         ds = CTPatchDataset(store, cache_gb=budget)  # allocate during the first
         assert not ds.cache.in_ram and ds.nbytes() > 3.5 * ds.budget_bytes
         clear_caches()
-        rise, held = _epoch_peaks(ds, workers=2)
+        rise, held = _epoch_peaks(ds, workers=2, ring=ring)
         assert held <= ds.budget_bytes  # the kernel's count of the cache's own files
         rises.append(rise)
         stats = ds.cache.stats()

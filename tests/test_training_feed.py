@@ -13,9 +13,17 @@ from test_training_cache import PATCH, build_ct, expected
 from torch.utils.data import Dataset
 
 from zarrfeed.training import CTPatchDataset
-from zarrfeed.training.data.device import DeviceSlots, plan_device
+from zarrfeed.training.data import ring as ring_module
+from zarrfeed.training.data.device import (
+    GATHER_BYTES_PER_VOXEL,
+    DeviceSlots,
+    plan_device,
+    pool_layout,
+)
 from zarrfeed.training.data.feed import EpochChain, EpochIndexed, Feed, LoaderKeys, make_feed
-from zarrfeed.training.data.sampler import ResumableSampler
+from zarrfeed.training.data.loader import make_loader
+from zarrfeed.training.data.ring import RELEASE, BatchRing, settle
+from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
 from zarrfeed.training.trainer import train
 
 CPU = torch.device("cpu")
@@ -29,10 +37,17 @@ def store(tmp_path_factory):
     return build_ct(tmp_path_factory.mktemp("feed") / "store.zarr", shape=(96, 128, 160))
 
 
+def pool_bytes(ds: CTPatchDataset, slots: int) -> int:
+    """A device budget that holds ``slots`` units besides the pool's tables, staging and
+    gather scratch."""
+    bare = pool_layout(ds, CPU, 0, BATCH)
+    return bare.tables + bare.staging + bare.gather + slots * UNIT
+
+
 def feed_of(ds: CTPatchDataset, mode: str, order: str, workers: int = 0) -> Feed:
     """``mode``: "loader" (the DataLoader path), "volumes" or "slots" (a pool of a sixth of
     the dataset's units)."""
-    gb = {"loader": None, "volumes": 1.0, "slots": 16 * UNIT / (1 << 30)}[mode]
+    gb = {"loader": None, "volumes": 1.0, "slots": pool_bytes(ds, 16) / (1 << 30)}[mode]
     return make_feed(
         ds, BATCH, CPU, workers=workers, order=order, device_cache="off" if gb is None else "on",
         device_cache_gb=gb, seed=5, log=None, context="forkserver",
@@ -108,9 +123,16 @@ def test_resume_mid_epoch_and_at_its_end_is_exact(store, mode):
 
 def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
     ds = CTPatchDataset(store, cache_gb=1)
-    budget = 16 * UNIT + UNIT // 2  # a sixth of the dataset's 96 units (not a slot more)
+    budget = pool_bytes(ds, 16) + UNIT // 2  # a sixth of the dataset's 96 units (not a slot more)
     pool = DeviceSlots(ds, CPU, budget, BATCH)
-    assert pool.slots == 16 and pool.nbytes() <= budget
+    layout = pool.layout
+    assert pool.slots == 16 and pool.nbytes() == 16 * UNIT and layout.total <= budget
+    # what it holds besides its slots is inside the budget too, as the plan says
+    tables = pool._slot_of_dev.nbytes + pool._table.nbytes  # (the test scans have no labels)
+    staging = sum(stage.nbytes for stage in pool._stages)
+    assert tables <= layout.tables and staging <= layout.staging
+    assert layout.gather == GATHER_BYTES_PER_VOXEL * BATCH * PATCH**3
+    assert "16 slots of 0.52 MB units" in layout.describe()
     storage = pool.pool.untyped_storage().nbytes()
     order = np.random.default_rng(0).permutation(len(ds))
     for start in range(0, len(order) - BATCH + 1, BATCH):
@@ -121,13 +143,50 @@ def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
     stats = pool.stats
     assert stats.evictions > 0 and stats.uploads > pool.slots  # the pool did cycle
     assert max(stats.history) <= pool.slots and pool.resident() <= pool.slots
-    assert pool.pool.untyped_storage().nbytes() == storage <= budget  # nothing grew
+    assert pool.pool.untyped_storage().nbytes() == storage  # nothing grew
     assert stats.hits > 0  # units shared by consecutive batches were not uploaded twice
     with pytest.raises(ValueError, match="a batch may need 16"):
-        DeviceSlots(ds, CPU, 15 * UNIT, BATCH)
-    plan = plan_device(ds, CPU, "on", BATCH, 15 * UNIT / (1 << 30))
-    assert plan.tier == "off" and "a batch may need" in plan.reasons[0]
+        DeviceSlots(ds, CPU, pool_bytes(ds, 15), BATCH)
+    plan = plan_device(ds, CPU, "on", BATCH, pool_bytes(ds, 15) / (1 << 30))
+    assert plan.tier == "off" and "a batch may need 16 units" in plan.reasons[0]
+    plan = plan_device(ds, CPU, "on", BATCH, budget / (1 << 30))
+    assert plan.tier == "slots" and layout.describe() in plan.reasons[0]
     assert plan_device(ds, CPU, "auto", BATCH).tier == "off"  # auto: CUDA only
+
+
+def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
+    """With the block sampler, each block's units are on the device before its first batch
+    (only the first block waits for uploads), within the budget, under eviction, and the
+    batches are the DataLoader path's."""
+    ds = CTPatchDataset(store, cache_gb=1)
+    budget = pool_bytes(ds, 24)  # a quarter of the units; a block (one scan, 12 units): half
+    per_epoch = len(ds) // BATCH
+    lines: list[str] = []
+    feed = make_feed(ds, BATCH, CPU, workers=0, order="auto", device_cache="on",
+                     device_cache_gb=budget / (1 << 30), seed=5, log=lines.append)  # fmt: skip
+    pool = feed.source
+    got = take(feed, 2 * per_epoch + 3)
+    # the DataLoader path over the same block order
+    chain = EpochChain(BlockSampler(ds, seed=5, block_bytes=pool.nbytes() // 2), BATCH)
+    keys = LoaderKeys(chain)
+    loader = torch.utils.data.DataLoader(EpochIndexed(ds), batch_sampler=keys,
+                                         collate_fn=ds.collate)  # fmt: skip
+
+    def produce(start):
+        keys.start = start
+        for batch in loader:
+            yield keys.tags.popleft(), batch
+
+    same(take(Feed(produce, CPU, chain.per_epoch), 2 * per_epoch + 3), got)
+    stats = pool.stats
+    assert stats.evictions > 0 and max(stats.history) <= pool.slots == 24
+    assert pool.layout.total <= budget
+    # every unit came up ahead of its block but the first block's (blocks are whole batches)
+    blocks = [np.split(order, starts[1:]) for order, starts in map(chain.sampler.plan, range(3))]
+    first = np.unique(ds.sample_units(blocks[0][0]))
+    assert stats.on_demand == len(first) and stats.uploads == stats.on_demand + stats.ahead
+    assert stats.ahead > 2 * len(blocks[0])  # (at least one unit per later block)
+    assert any("next block's, uploaded a few per batch" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("mode", ["loader", "volumes"])
@@ -209,16 +268,83 @@ def test_training_through_the_slot_pool_matches_the_loader(built, tmp_path):
 
     def run(where: str, **loader) -> tuple[list[float], list[str]]:
         lines: list[str] = []
-        cfg = config(built, tmp_path / where, "ct_classifier", steps=4, amp="off", log_every=2)
+        cfg = config(built, tmp_path / where, "ct_classifier", steps=4, amp="off", log_every=2,
+                     batch_size=2)  # fmt: skip
         cfg.dataloader = cfg.dataloader.model_copy(update=loader)
         return train(cfg, log=lines.append).history, lines
 
     ds = CTPatchDataset(built[0], cache_gb=1)
-    g = ds.cache.groups[ds.asset, ds.window]
-    unit = int(np.prod(g.units[0])) * 2
-    gb = max(ds.nbytes() / 2, 4 * 8 * unit) / (1 << 30)  # a batch of 4, at most 8 units each
+    bare = pool_layout(ds, CPU, 0, 2)  # what the pool needs besides its slots
+    slots = bare.need * bare.slot_bytes  # no more than one batch needs: its units cycle
+    gb = (bare.tables + bare.staging + bare.gather + slots) / (1 << 30)
     pooled, lines = run("pool", device_cache="on", device_cache_gb=gb, sampler="random")
-    assert any("slots of" in s and "units on cpu" in s for s in lines), lines
+    assert any("a pool on cpu" in s and "slots of" in s for s in lines), lines
     loaded, _ = run("loader", device_cache="off", sampler="random", workers="0")
     np.testing.assert_allclose(pooled["loss"], loaded["loss"], rtol=1e-5)
     assert pooled["samples"] == loaded["samples"] and len(pooled["loss"]) == 4
+
+
+def test_batch_ring_slots_are_written_only_after_the_reader_frees_them():
+    ring = BatchRing(2, (3, 4), torch.float16)
+    first, second = ring.take(), ring.take()
+    assert {first, second} == {0, 1}
+    t0 = time.monotonic()
+    assert ring.take(wait_s=0.05) is None  # none free: fresh memory instead, after the wait
+    assert ring.take(wait_s=5) is None and time.monotonic() - t0 < 1  # no waiting again
+    image, release = ring.batch(first)
+    image.fill_(7)
+    kept = settle({"image": image, "item": torch.arange(3), RELEASE: release}, pin=False)
+    assert RELEASE not in kept and ring.state.tolist()[first] == 0  # freed once copied out
+    assert kept["image"].untyped_storage().data_ptr() != ring.data.untyped_storage().data_ptr()
+    assert ring.take() == first  # reused: the copy the reader kept is not touched
+    ring.data[first].fill_(1)
+    assert torch.equal(kept["image"], torch.full((3, 4), 7, dtype=torch.float16))
+    ring.give_back(second)  # a read that failed hands its slot back
+    assert ring.take() == second
+
+
+def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
+    """Workers write batches into slots made once; a consumer that frees them sees them come
+    back; one that does not still gets right batches (fresh memory) after the wait."""
+    ds = CTPatchDataset(store, cache_gb=1)
+    slots = 5  # prefetch 4 + the one being copied out
+    keys = [[(0, i) for i in range(b * BATCH, (b + 1) * BATCH)] for b in range(3 * slots)]
+    loader, plan = make_loader(
+        EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
+        collate_fn=ds.collate, batch_sampler=keys, pin_memory=False,
+    )  # fmt: skip
+    assert plan.ring and plan.prefetch_factor + 1 == slots
+    assert loader.pin_memory is False and ds.batch_ring == 0  # the caller's is untouched
+    assert "pinned memory: off (the training device is not CUDA)" in plan.reasons
+    # pinned memory follows the training device: for CUDA the feed copies out into it
+    _, cuda = make_loader(EpochIndexed(ds), BATCH, workers=1, context="fork", log=None,
+                          ring=True, pin_memory=True, batch_sampler=keys)  # fmt: skip
+    assert cuda.pin_memory and cuda.kwargs()["pin_memory"] is False
+    assert "pinned memory: on (training on CUDA)" in cuda.reasons
+    assert any("copies each batch out into pinned memory" in r for r in cuda.reasons)
+    rings = set()
+    for b, batch in enumerate(loader):
+        rings.add(batch["image"].untyped_storage().data_ptr())
+        assert batch["image"].untyped_storage().nbytes() == slots * batch["image"].nbytes
+        kept = settle(batch, pin=False)
+        for row in range(BATCH):
+            np.testing.assert_array_equal(kept["image"][row, 0].numpy(),
+                                          expected(ds, b * BATCH + row))  # fmt: skip
+    assert len(rings) == 1  # one ring, mapped once, for 3 x its slots of batches
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(ring_module, "WAIT_S", 0.05)  # forked workers inherit it
+    try:
+        held = []
+        loader, _ = make_loader(
+            EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
+            collate_fn=ds.collate, batch_sampler=keys,
+        )  # fmt: skip
+        for b, batch in enumerate(loader):  # never freed: the worker falls back
+            held.append(batch)
+            for row in range(BATCH):
+                np.testing.assert_array_equal(batch["image"][row, 0].numpy(),
+                                              expected(ds, b * BATCH + row))  # fmt: skip
+        assert sum(RELEASE in batch for batch in held) == slots
+    finally:
+        monkey.undo()

@@ -154,6 +154,8 @@ class ChunkArena:
         self._gen = mv[at + 16 * n : at + 24 * n].cast("Q")
         self._used = mv[at + 24 * n : at + 32 * n].cast("Q")
         self._table = mv[at + 32 * n : at + 32 * n + 8 * self.buckets].cast("Q")
+        self._hi_np = np.frombuffer(self._mm, np.uint64, n, at)
+        self._lo_np = np.frombuffer(self._mm, np.uint64, n, at + 8 * n)
         self._gen_np = np.frombuffer(self._mm, np.uint64, n, at + 16 * n)
         self._used_np = np.frombuffer(self._mm, np.uint64, n, at + 24 * n)
         self._data = np.frombuffer(self._mm, np.uint8, n * self.slot_bytes, self._data_at)
@@ -170,7 +172,7 @@ class ChunkArena:
     def _detach(self) -> None:
         for name in ("_head", "_stats", "_key_hi", "_key_lo", "_gen", "_used", "_table"):
             getattr(self, name).release()
-        self._gen_np = self._used_np = self._data = None
+        self._gen_np = self._used_np = self._hi_np = self._lo_np = self._data = None
         self._views.clear()
         with contextlib.suppress(BufferError):  # a view someone still holds keeps it mapped
             self._mm.close()
@@ -303,6 +305,52 @@ class ChunkArena:
             self._hint.clear()
         self._hint[key] = s
         return 1
+
+    def copy_many(
+        self,
+        keys: Sequence[Key],
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        srcs: Sequence[tuple],
+        dsts: Sequence[np.ndarray],
+    ) -> list[int]:
+        """:meth:`copy` of many pieces at once (``view[srcs[i]]`` of the slot holding
+        ``keys[i]`` into ``dsts[i]``): the positions of those not copied (absent, being filled,
+        or rewritten meanwhile).  The seqlock is checked for all of them together — one read
+        of the generations before the copies, one after — and the LRU clock set once."""
+        self._ensure()
+        if not self.ordered:  # each copy under its slot's shared lock
+            return [
+                i
+                for i, key in enumerate(keys)
+                if self.copy(key, dtype, shape, srcs[i], dsts[i]) != 1
+            ]
+        hint, key_hi, key_lo = self._hint, self._key_hi, self._key_lo
+        slots = []
+        for key in keys:
+            s = hint.get(key, -1)
+            if s < 0 or key_hi[s] != key[0] or key_lo[s] != key[1]:
+                s = self._find(*key)
+            slots.append(s)
+        at = np.array(slots, np.int64)
+        found = at >= 0
+        where = np.where(found, at, 0)
+        before = self._gen_np[where]
+        hi = np.fromiter((k[0] for k in keys), np.uint64, len(keys))
+        lo = np.fromiter((k[1] for k in keys), np.uint64, len(keys))
+        # stable (even), and still this key once the generation was read
+        ok = found & ((before & 1) == 0) & (self._hi_np[where] == hi) & (self._lo_np[where] == lo)
+        view = self.view
+        for i in np.flatnonzero(ok).tolist():
+            np.copyto(dsts[i], view(slots[i], dtype, shape)[srcs[i]])
+        ok &= self._gen_np[where] == before  # rewritten while we copied: not kept
+        done = np.flatnonzero(ok)
+        if len(done):
+            self._used_np[where[done]] = time.monotonic_ns()
+            if len(hint) > 4 * self.slots:  # keys long evicted: start the hints afresh
+                hint.clear()
+            hint.update((keys[i], slots[i]) for i in done.tolist())
+        return np.flatnonzero(~ok).tolist()
 
     def touch(self, keys: Sequence[Key]) -> None:
         """Mark resident ``keys`` as just used (the LRU clock)."""

@@ -183,9 +183,10 @@ class SharedArrayCache:
     def _path(self, key: str) -> Path:
         return self.folder / f"{self._digest(key)}.npy"
 
-    def lookup(self, key: str) -> np.ndarray | None:
+    def lookup(self, key: str, reads: int = 1) -> np.ndarray | None:
         """The cached array for ``key`` if this process has it mapped and it is still
-        there (the hot path: no hashing, one ``utime`` for the LRU clock), else None."""
+        there (the hot path: no hashing, one ``utime`` for the LRU clock), else None;
+        ``reads`` is how many reads it serves (the hits counted)."""
         arr = self._mapped.get(key)
         if arr is None or self._pid != os.getpid():
             return None
@@ -195,13 +196,14 @@ class SharedArrayCache:
         except (FileNotFoundError, KeyError):
             self._forget(key)
             return None
-        self._count(HITS)
+        if reads:
+            self._count(HITS, reads)
         return arr
 
-    def tensor(self, key: str) -> torch.Tensor | None:
+    def tensor(self, key: str, reads: int = 1) -> torch.Tensor | None:
         """:meth:`lookup` as a tensor over the same pages: torch copies 3-D strided regions
         (a patch out of a volume) about 1.5x faster than numpy."""
-        return None if self.lookup(key) is None else self._tensors[key]
+        return None if self.lookup(key, reads) is None else self._tensors[key]
 
     def _keep(self, key: str, path: Path, mapped: np.ndarray) -> np.ndarray:
         view = mapped.view()

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.data.reader import CachedArrays, Region
+from zarrfeed.training.data.ring import RELEASE, BatchRing
 
 GB = 1 << 30
 TRANSFORM_STREAM = 1  # rng stream of the transforms (0: crops and defects)
@@ -50,7 +51,7 @@ class BatchSamples(Sequence):
             return [self[i] for i in range(*row.indices(self.size))]
         if not -self.size <= row < self.size:
             raise IndexError(f"sample {row} of a batch of {self.size}")
-        return {k: v[row] for k, v in self.batch.items()}
+        return {k: v[row] for k, v in self.batch.items() if k != RELEASE}
 
 
 def collate_batch(batch: Sequence[Any]) -> Any:
@@ -110,6 +111,10 @@ class StoreDataset(Dataset):
         # collate_batch hands the buffer on (default_collate copies it anyway), so each
         # worker's collate_batch turns it on at its first batch.
         self.shared_batches = False
+        # Batch slots per worker that its batched reads reuse (0: none): only a consumer that
+        # frees them (the training feed, through ring.settle) turns them on.
+        self.batch_ring = 0
+        self._ring: BatchRing | None = None
         # Shared with the workers (persistent ones too): set_epoch reaches them.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._store: ZarrStore | None = None
@@ -140,7 +145,7 @@ class StoreDataset(Dataset):
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}
+        return {**self.__dict__, "_store": None, "_ring": None}
 
     @cached_property
     def cache(self) -> CachedArrays:

@@ -12,10 +12,11 @@ from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
+from zarrfeed.training.data.reader import copy_threads
+from zarrfeed.training.data.ring import RELEASE, BatchRing
 from zarrfeed.transforms.sparse import sample_points
 
 _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
@@ -126,24 +127,41 @@ class CTPatchDataset(StoreDataset):
     def _read_batch(self, indices: list[int]) -> dict[str, Any]:
         idx = np.asarray(indices, np.int64)
         items = self.items[idx].astype(np.int64)
-        dtype = self.cache.groups[self.asset, self.window].dtype
-        image = torch.empty((len(idx), 1, *self.patch_shape), dtype=_TORCH_DTYPES[dtype.str[1:]])
+        dtype = _TORCH_DTYPES[self.cache.groups[self.asset, self.window].dtype.str[1:]]
+        shape = (len(idx), 1, *self.patch_shape)
         worker = get_worker_info() is not None
-        if worker and self.shared_batches:  # built straight into what goes to the main process
-            image.share_memory_()  # (default_collate would copy it into shared memory again)
+        ring = slot = None
+        if worker and self.batch_ring and self.transform is None:  # slots the feed frees
+            ring = self._ring
+            if ring is None or not ring.fits(shape, dtype):
+                ring = self._ring = BatchRing(self.batch_ring, shape, dtype)
+            slot = ring.take()
+        if slot is not None:
+            image, release = ring.batch(slot)
+        else:
+            image = torch.empty(shape, dtype=dtype)
+            if worker and self.shared_batches:  # built straight into what goes to the main
+                image.share_memory_()  # process (default_collate would copy it once more)
         out = image.numpy()
+        size = self.patch_shape
         requests = [
-            (self.asset, item, self.window, self._region(origin), out[row, 0])
+            (self.asset, item, self.window,
+             tuple(slice(o, o + n) for o, n in zip(origin, size, strict=True)), out[row, 0])
             for row, (item, origin) in enumerate(
-                zip(items.tolist(), self.patch_origins(idx), strict=True)
+                zip(items.tolist(), self.patch_origins(idx).tolist(), strict=True)
             )
-        ]
-        # In the training process copies run on every usable core (they release the GIL);
-        # a worker is one of several processes sharing the cores.
-        self.cache.read_into(requests, threads=1 if worker else usable_threads())
+        ]  # fmt: skip
+        try:
+            self.cache.read_into(requests, threads=copy_threads())
+        except BaseException:
+            if slot is not None:
+                ring.give_back(slot)
+            raise
         batch: dict[str, Any] = {"image": image, "item": torch.from_numpy(items)}
         if self.labels is not None:
             batch["labels"] = torch.from_numpy(self.labels[items])
+        if slot is not None:
+            batch[RELEASE] = release
         return batch
 
     def sample_units(self, indices: np.ndarray) -> np.ndarray:

@@ -10,8 +10,10 @@ hand-off, pinned buffer) before the transfer.  Held on the device, a batch is on
 * :class:`DeviceSlots` — it does not: a fixed pool of equal device slots holds cache units
   (the host cache's units, :mod:`~zarrfeed.training.data.units`), uploaded from the host
   cache — in RAM or the out-of-core arena alike — through pinned memory by asynchronous
-  copies, evicting the least recently used units.  With the block sampler a block's units
-  stay resident while it is read, and the next block's are uploaded ahead of the step.
+  copies, evicting the least recently used units; its budget holds its lookup tables,
+  staging buffers and gather scratch as well (:func:`pool_layout`).  With the block sampler
+  a block's units stay resident while it is read, and the next block's go up a few per
+  batch meanwhile, into room that neither block needs.
 
 Either way a batch's voxels are found by index arithmetic on the device and cut by one
 ``torch.take``, never a Python loop of slices, and the batch equals what the dataset's own
@@ -28,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.training.data.ct import CTPatchDataset
 from zarrfeed.training.data.loader import available_memory
+from zarrfeed.training.data.reader import copy_threads
 
 # Share of the device's free memory the device cache may take by default ("auto").
 DEVICE_SHARE = 0.25
@@ -140,11 +142,71 @@ class DevicePatches(_PatchSource):
         return self._batch(self.flat.take(where), items)
 
 
+STAGES = 2  # pinned staging buffers: the host fills one while the other is copied up
+STAGE_BYTES = 4 << 20  # each one's size: uploads go up in pieces of this much, a few per batch
+GATHER_BYTES_PER_VOXEL = 12  # the gather's int64 unit ids, then int32 slots and int64 offsets
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """How a slot pool's byte budget is spent: slots for cache units, and everything else
+    the pool keeps — the unit → slot table, the scans' unit grids and labels on the device,
+    pinned staging in host memory (and its landing buffer on CUDA), and the scratch of one
+    batch's gather."""
+
+    slots: int
+    slot_bytes: int
+    stage_units: int  # units one staging buffer moves at once
+    need: int  # units one batch may need at once
+    tables: int
+    staging: int
+    gather: int
+
+    @property
+    def slot_total(self) -> int:
+        return self.slots * self.slot_bytes
+
+    @property
+    def total(self) -> int:
+        return self.slot_total + self.tables + self.staging + self.gather
+
+    def describe(self) -> str:
+        return (
+            f"{self.slots} slots of {self.slot_bytes / 1e6:.2f} MB units "
+            f"({self.slot_total / 1e9:.3f} GB) + lookup tables {self.tables / 1e6:.2f} MB + "
+            f"staging {self.staging / 1e6:.1f} MB + gather scratch {self.gather / 1e6:.1f} MB"
+        )
+
+
+def pool_layout(
+    dataset: CTPatchDataset, device: torch.device, budget_bytes: int, batch_size: int
+) -> PoolLayout:
+    """The slot pool that ``budget_bytes`` holds for ``dataset`` at ``batch_size`` (its
+    ``slots`` may be fewer than a batch needs: then there is no pool)."""
+    g = dataset.cache.groups[dataset.asset, dataset.window]
+    slot_bytes = int(np.prod(g.units, axis=1).max()) * g.dtype.itemsize
+    n_units, scans = int(g.offsets[-1]), len(g.shapes)
+    labels = 0 if dataset.labels is None else dataset.labels.nbytes
+    # on the device: unit -> slot (int32); per scan its first unit, grid strides and unit
+    # shape (int64); the labels
+    tables = n_units * 4 + scans * (3 + g.units.shape[1]) * 8 + labels
+    need = batch_size * units_per_patch(dataset)
+    stage = max(1, min(need, STAGE_BYTES // slot_bytes))
+    # pinned buffers -> one landing buffer on the device -> slots; and their indices
+    staging = (STAGES + 1) * stage * slot_bytes + STAGES * stage * 16
+    gather = GATHER_BYTES_PER_VOXEL * batch_size * int(np.prod(dataset.patch_shape))
+    slots = max(0, (int(budget_bytes) - tables - staging - gather) // slot_bytes)
+    return PoolLayout(slots, slot_bytes, stage, need, tables, staging, gather)
+
+
 @dataclass
 class PoolStats:
-    """What the slot pool did: units uploaded, found resident, and evicted."""
+    """What the slot pool did: units uploaded (ahead of their block, or when a batch needed
+    them), found resident, and evicted."""
 
     uploads: int = 0
+    ahead: int = 0  # uploaded for the next block while this one trained
+    on_demand: int = 0  # missing when a batch needed them
     hits: int = 0
     evictions: int = 0
     batches: int = 0
@@ -153,14 +215,18 @@ class PoolStats:
 
 
 class DeviceSlots(_PatchSource):
-    """A fixed pool of device slots, each holding one cache unit, within ``budget_bytes``.
+    """A fixed pool of device slots, each holding one cache unit, all within ``budget_bytes``
+    (:func:`pool_layout`: the slots, its tables, staging and gather scratch together).
 
-    A batch's units are made resident first (missing ones read from the host cache into one
-    pinned buffer — the in-RAM arrays or the out-of-core arena, through the cache's own
-    ``read_into`` on every core — and copied up asynchronously), evicting the least recently
-    used units that this batch does not need; then its patches are cut by one gather.  Every
-    slot write and every gather goes to the same (current) stream, so a slot is never
-    overwritten before the gathers that read it have run, and the batch owns its voxels.
+    A batch's units are made resident first (missing ones read from the host cache — the
+    in-RAM arrays or the out-of-core arena, through the cache's own ``read_into`` — into
+    pinned staging and copied up asynchronously), evicting the least recently used units
+    that this batch does not need; then its patches are cut by one gather.  With the block
+    sampler, :meth:`plan_ahead` names this block's units and the next block's: the next
+    block's are uploaded a few per batch while this one trains, evicting only units that
+    neither block reads.  Every slot write and every gather goes to the same (current)
+    stream, so a slot is never overwritten before the gathers that read it have run, and
+    the batch owns its voxels.
     """
 
     def __init__(
@@ -172,14 +238,14 @@ class DeviceSlots(_PatchSource):
             raise ValueError(f"{dataset.url}: {dataset.window} units differ between scans")
         self.unit = tuple(int(u) for u in g.units[0])
         self.unit_elems = int(np.prod(self.unit))
-        self.slot_bytes = self.unit_elems * g.dtype.itemsize
         self.budget_bytes = int(budget_bytes)
-        self.slots = self.budget_bytes // self.slot_bytes
-        need = batch_size * units_per_patch(dataset)
-        if self.slots < need:
+        self.layout = layout = pool_layout(dataset, device, budget_bytes, batch_size)
+        self.slot_bytes, self.slots = layout.slot_bytes, layout.slots
+        if self.slots < layout.need:
             raise ValueError(
                 f"device cache budget {self.budget_bytes / 1e6:.1f} MB holds {self.slots} units "
-                f"of {self.slot_bytes / 1e6:.2f} MB; a batch may need {need}: raise "
+                f"of {self.slot_bytes / 1e6:.2f} MB besides its tables, staging and gather "
+                f"scratch; a batch may need {layout.need}: raise "
                 "dataloader.device_cache_gb or lower train.batch_size"
             )
         self.pool = torch.empty(self.slots * self.unit_elems, dtype=self.dtype, device=device)
@@ -187,6 +253,9 @@ class DeviceSlots(_PatchSource):
         self._slot_of = np.full(n_units, -1, np.int64)  # host mirror: the policy runs here
         self._unit_in = np.full(self.slots, -1, np.int64)
         self._last_use = np.zeros(self.slots, np.int64)
+        self._keep = np.zeros(n_units, bool)  # read by this block or the next: not evicted
+        self._ahead = np.zeros(0, np.int64)  # the next block's units still to upload
+        self._quota, self._wait = 0, 0
         self._slot_of_dev = torch.full((n_units,), -1, dtype=torch.int32, device=device)
         grid = -(-g.shapes // g.units)
         # per scan: its first unit's id, the unit-grid strides (units per z, per y), unit shape
@@ -194,14 +263,34 @@ class DeviceSlots(_PatchSource):
             [g.offsets[:-1, None], grid[:, 1:2] * grid[:, 2:3], grid[:, 2:3], g.units], axis=1
         )
         self._table = _to_device(table.astype(np.int64), device)
+        stage = (layout.stage_units, *self.unit)
+        self._stages = [_pinned(stage, self.dtype, device) for _ in range(STAGES)]
+        self._staged: list[Any] = [None] * STAGES  # each one's copy up, until it is done
+        self._turn = 0
+        self._landing = torch.empty(stage, dtype=self.dtype, device=device)
         self.stats = PoolStats()
         self._clock = 0
 
     def nbytes(self) -> int:
+        """Bytes of the slots (what holds cache units)."""
         return self.pool.numel() * self.pool.element_size()
 
     def resident(self) -> int:
         return int((self._unit_in >= 0).sum())
+
+    def plan_ahead(
+        self, current: np.ndarray, following: np.ndarray, batches: int, wait: int = 0
+    ) -> None:
+        """This block reads units ``current``, the next one ``following``: keep both, and
+        upload the missing ones of ``following`` over this block's next ``batches`` batches,
+        starting after ``wait`` of them."""
+        following = np.unique(np.asarray(following, np.int64))
+        self._keep[:] = False
+        self._keep[np.asarray(current, np.int64)] = True
+        self._keep[following] = True
+        self._ahead = following[self._slot_of[following] < 0]
+        self._wait = wait
+        self._quota = -(-len(self._ahead) // max(1, batches - wait))
 
     def ensure(self, units: np.ndarray) -> None:
         """Make ``units`` resident (uploading the missing ones) and mark them used."""
@@ -214,50 +303,90 @@ class DeviceSlots(_PatchSource):
         self._last_use[have[have >= 0]] = self._clock
         self.stats.hits += int((have >= 0).sum())
         if len(missing):
-            free = np.flatnonzero(self._unit_in < 0)
-            if len(free) < len(missing):  # evict the least recently used, never this batch's
-                taken = np.flatnonzero(self._unit_in >= 0)
-                taken = taken[self._last_use[taken] < self._clock]
-                old = taken[np.argsort(self._last_use[taken], kind="stable")]
-                victims = old[: len(missing) - len(free)]
-                gone = self._unit_in[victims]
-                self._slot_of[gone] = -1
-                self._unit_in[victims] = -1
-                self._slot_of_dev[_to_device(gone, self.device)] = -1
-                self.stats.evictions += len(victims)
-                free = np.sort(np.concatenate([free, victims]))
-            slots = free[: len(missing)]
+            slots = self._room(len(missing), spare_kept=False)
             self._upload(missing, slots)
-            self._slot_of[missing] = slots
-            self._unit_in[slots] = missing
-            self._last_use[slots] = self._clock
-            self.stats.uploads += len(missing)
+            self.stats.on_demand += len(missing)
         self.stats.per_batch_max = max(self.stats.per_batch_max, len(units))
 
+    def _room(self, n: int, spare_kept: bool) -> np.ndarray:
+        """``n`` slots to fill (fewer with ``spare_kept`` when only units kept for this block
+        or the next could make room): free ones first, then the least recently used units
+        not read by the current batch — those neither block reads before the others."""
+        free = np.flatnonzero(self._unit_in < 0)
+        if len(free) < n:
+            taken = np.flatnonzero(self._unit_in >= 0)
+            taken = taken[self._last_use[taken] < self._clock]  # never the current batch's
+            kept = self._keep[self._unit_in[taken]]
+            if spare_kept:
+                taken, kept = taken[~kept], kept[~kept]
+            victims = taken[np.lexsort((self._last_use[taken], kept))][: n - len(free)]
+            gone = self._unit_in[victims]
+            self._slot_of[gone] = -1
+            self._unit_in[victims] = -1
+            self._slot_of_dev[_to_device(gone, self.device)] = -1
+            self.stats.evictions += len(victims)
+            free = np.sort(np.concatenate([free, victims]))
+        return free[:n]
+
+    def _advance(self) -> None:
+        """Upload this batch's share of the next block's units, where room is left."""
+        if self._wait:
+            self._wait -= 1
+            return
+        if not len(self._ahead):
+            return
+        todo, self._ahead = self._ahead[: self._quota], self._ahead[self._quota :]
+        todo = todo[self._slot_of[todo] < 0]
+        if not len(todo):
+            return
+        slots = self._room(len(todo), spare_kept=True)
+        if len(slots) < len(todo):  # the two blocks fill the pool: the rest comes on demand
+            todo, self._ahead = todo[: len(slots)], self._ahead[:0]
+        if len(todo):
+            self._upload(todo, slots)
+            self.stats.ahead += len(todo)
+
     def _upload(self, units: np.ndarray, slots: np.ndarray) -> None:
-        """Read ``units`` from the host cache into one pinned buffer and copy it into
-        ``slots`` (one asynchronous copy and one scatter on the current stream)."""
+        """Read ``units`` from the host cache into pinned staging and copy them into
+        ``slots``: per staging buffer, one asynchronous copy and one scatter on the current
+        stream.  A staging buffer is refilled only once its previous copy has finished."""
         ds, g = self.dataset, self.group
-        staged = _pinned((len(units), *self.unit), self.dtype, self.device)
-        host = staged.numpy()
-        requests = []
-        for row, (grp, item, flat) in enumerate(ds.cache.units.locate(units)):
-            region = tuple(
-                slice(r.start, min(r.stop, int(n)))
-                for r, n in zip(grp.unit_region(item, flat), g.shapes[item], strict=True)
+        step = self.layout.stage_units
+        for start in range(0, len(units), step):
+            part, into = units[start : start + step], slots[start : start + step]
+            turn = self._turn = (self._turn + 1) % STAGES
+            if self._staged[turn] is not None:
+                self._staged[turn].synchronize()  # the producer waits, never the step
+            host = self._stages[turn][: len(part)]
+            rows = host.numpy()
+            requests = []
+            for row, (grp, item, flat) in enumerate(ds.cache.units.locate(part)):
+                region = tuple(
+                    slice(r.start, min(r.stop, int(n)))
+                    for r, n in zip(grp.unit_region(item, flat), g.shapes[item], strict=True)
+                )
+                inside = tuple(slice(0, r.stop - r.start) for r in region)
+                requests.append((grp.asset, item, grp.name, region, rows[row][inside]))
+            # locate() walks the units in id order, as they are here (sorted by np.unique)
+            ds.cache.read_into(requests, threads=copy_threads())
+            moved = self._landing[: len(part)]
+            moved.copy_(host, non_blocking=True)
+            if self.device.type == "cuda":  # the host may refill this buffer once it is done
+                self._staged[turn] = torch.cuda.Event()
+                self._staged[turn].record()
+            where = _to_device(into, self.device)
+            self.pool.view(self.slots, self.unit_elems).index_copy_(
+                0, where, moved.reshape(len(part), -1)
             )
-            part = tuple(slice(0, r.stop - r.start) for r in region)
-            requests.append((grp.asset, item, grp.name, region, host[row][part]))
-        # locate() walks the units in id order: ``units`` is sorted (np.unique), rows agree
-        ds.cache.read_into(requests, threads=usable_threads())
-        moved = staged.to(self.device, non_blocking=True).reshape(len(units), -1)
-        where = _to_device(slots, self.device)
-        self.pool.view(self.slots, self.unit_elems).index_copy_(0, where, moved)
-        self._slot_of_dev[_to_device(units, self.device)] = where.to(torch.int32)
+            self._slot_of_dev[_to_device(part, self.device)] = where.to(torch.int32)
+            self._slot_of[part] = into
+            self._unit_in[into] = part
+            self._last_use[into] = self._clock
+            self.stats.uploads += len(part)
 
     def batch(self, indices: np.ndarray) -> dict[str, Any]:
         """The same batch as ``dataset.__getitems__(indices)``: its units made resident,
-        then cut by one gather."""
+        then cut by one gather; then a share of the next block's units goes up."""
         ds, indices = self.dataset, np.asarray(indices)
         placed = ds.patch_origins(indices)  # the units of these patches, wherever placed
         units = ds.cache.units.region_units(
@@ -268,15 +397,21 @@ class DeviceSlots(_PatchSource):
         first, per_z, per_y, uz, uy, ux = self._table[items].unbind(1)
         z, y, x = self._axes(origins)
         cz, cy, cx = z // uz[:, None], y // uy[:, None], x // ux[:, None]
+        # unit ids, then their slots, then voxel offsets: two batch-sized index tensors live
+        # at a time (GATHER_BYTES_PER_VOXEL)
         unit = _grid([first[:, None] + cz * per_z[:, None], cy * per_y[:, None], cx])
-        local = _grid(
-            [(z - cz * uz[:, None]) * (uy * ux)[:, None], (y - cy * uy[:, None]) * ux[:, None],
-             x - cx * ux[:, None]]
-        )  # fmt: skip
-        where = self._slot_of_dev[unit].long() * self.unit_elems + local
+        where = self._slot_of_dev[unit]
+        del unit
+        where = where.long().mul_(self.unit_elems)
+        where += ((z - cz * uz[:, None]) * (uy * ux)[:, None])[:, :, None, None]
+        where += ((y - cy * uy[:, None]) * ux[:, None])[:, None, :, None]
+        where += (x - cx * ux[:, None])[:, None, None, :]
+        out = self._batch(self.pool.take(where), items)
+        del where
         self.stats.batches += 1
         self.stats.history.append(self.resident())
-        return self._batch(self.pool.take(where), items)
+        self._advance()
+        return out
 
 
 @dataclass
@@ -331,23 +466,23 @@ def plan_device(
             [f"device cache: volumes held on {device} ({size / 1e9:.2f} GB <= {how})"],
         )
     g = dataset.cache.groups[dataset.asset, dataset.window]
-    unit_bytes = int(np.prod(g.units, axis=1).max()) * g.dtype.itemsize
-    need = batch_size * units_per_patch(dataset) * unit_bytes
-    if need > budget or len({tuple(u) for u in g.units.tolist()}) != 1:
+    layout = pool_layout(dataset, device, budget, batch_size)
+    need = layout.need
+    if layout.slots < need or len({tuple(u) for u in g.units.tolist()}) != 1:
         why = (
-            f"a batch may need {need / 1e6:.1f} MB of units > {how}"
-            if need > budget
+            f"a batch may need {need} units, the rest of the budget holds {layout.slots} "
+            f"({layout.describe()})"
+            if layout.slots < need
             else "scans have different cache units"
         )
         return DevicePlan("off", 0, [f"device cache: off ({size / 1e9:.2f} GB > {how}; {why})"])
-    slots = budget // unit_bytes
     return DevicePlan(
         "slots",
         budget,
         [
-            f"device cache: {slots} slots of {unit_bytes / 1e6:.2f} MB units on {device} "
-            f"({size / 1e9:.2f} GB > {how}): units uploaded from the host cache ahead of the "
-            "step, least recently used evicted"
+            f"device cache: a pool on {device} within {how} ({size / 1e9:.2f} GB do not fit): "
+            f"{layout.describe()}; units uploaded from the host cache ahead of the step, "
+            "least recently used evicted"
         ],
     )
 

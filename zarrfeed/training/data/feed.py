@@ -36,8 +36,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from zarrfeed.training.data.base import collate_batch
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source, plan_device
 from zarrfeed.training.data.loader import LoaderPlan, make_loader
+from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
 
 Tag = tuple[int, int]  # (epoch, batch position within the epoch)
@@ -84,27 +86,41 @@ class EpochIndexed(Dataset):
     are the dataset's own (the cache, ``preload``, ``collate``).
     """
 
+    _OWN = ("dataset", "_owner", "_own", "batch_ring")
+
     def __init__(self, dataset: Dataset) -> None:
         self.dataset, self._owner, self._own = dataset, os.getpid(), False
+        # batch slots for the workers (make_loader sets it): applied to each worker's copy
+        # of the dataset only, never to the caller's, which other loaders may read
+        self.batch_ring = 0
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("dataset", "_owner", "_own"):
+        if name.startswith("__") or name in self._OWN:
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # what the loader sets (batch_ring) and the workers' collate sets (shared_batches)
+        # are the dataset's own settings
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def _set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if set_epoch is None:
-            return
-        if os.getpid() != self._owner and not self._own:
+        if os.getpid() != self._owner and not self._own:  # first batch in a worker
             own = getattr(self.dataset, "own_epoch", None)
             if own is not None:
                 own()
+            if hasattr(self.dataset, "batch_ring"):
+                self.dataset.batch_ring = self.batch_ring
             self._own = True
-        set_epoch(epoch)
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
 
     def __getitem__(self, key: int | tuple[int, int]) -> Any:
         if isinstance(key, tuple):
@@ -186,7 +202,11 @@ class Feed:
         reasons: list[str] | None = None,
     ) -> None:
         self.device, self.per_epoch, self.reasons = device, per_epoch, reasons or []
+        self.source: DevicePatches | DeviceSlots | None = None  # the device tier, if any
         self._cuda = device.type == "cuda"
+        # what was queued on the device before the feed (the device tier's uploads and
+        # tables, on the caller's stream): the side stream starts after it
+        self._origin = torch.cuda.current_stream(device) if self._cuda else None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._start: Tag | None = None
         self._begun, self._stop = threading.Event(), threading.Event()
@@ -218,6 +238,7 @@ class Feed:
             if self._cuda:
                 torch.cuda.set_device(self.device)
                 side = torch.cuda.Stream(self.device)
+                side.wait_stream(self._origin)
             batches = self._produce(self._wait_start)
             self._produce = None  # the generator holds what it needs; closing it frees it
             while not self._stop.is_set():
@@ -340,15 +361,60 @@ def make_feed(
     if log:
         log(loader_plan.log_block())
 
+    ahead = None
+    if isinstance(holder, DeviceSlots) and isinstance(sampler, BlockSampler):
+        # out of core the host decodes the next block from this one's middle: upload it then
+        ahead = BlockAhead(sampler, dataset, holder, batch_size, half=not cache.in_ram)
+
     def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
         begin = start()
         if begin is None:
             return
         for tag, indices in chain.batches(*begin):
             dataset.set_epoch(tag[0])  # patch placement and crops are per (seed, epoch, index)
+            if ahead is not None:
+                ahead.at(tag)
             yield tag, holder.batch(indices)
 
-    return Feed(produce, device, chain.per_epoch, depth, reasons)
+    feed = Feed(produce, device, chain.per_epoch, depth, reasons)
+    feed.source = holder
+    return feed
+
+
+class BlockAhead:
+    """Tells a slot pool, at each block's first batch, which units this block and the next
+    one read, so that it uploads the next block's while this one trains (the block
+    sampler's blocks fit half the pool: the other half is the next block's)."""
+
+    def __init__(
+        self, sampler: BlockSampler, dataset: Any, pool: DeviceSlots, batch_size: int, half: bool
+    ) -> None:
+        self.sampler, self.dataset, self.pool = sampler, dataset, pool
+        self.batch_size, self.half = batch_size, half
+        self._epoch, self._block, self._plan = -1, -1, []
+
+    def _blocks(self, epoch: int) -> list[np.ndarray]:
+        order, starts = self.sampler.plan(epoch)
+        return np.split(order, starts[1:])
+
+    def at(self, tag: Tag) -> None:
+        epoch, position = tag
+        if epoch != self._epoch:
+            self._epoch, self._block, self._plan = epoch, -1, self._blocks(epoch)
+        first = position * self.batch_size
+        ends = np.cumsum([len(b) for b in self._plan])
+        block = int(np.searchsorted(ends, first, side="right"))
+        if block == self._block or block >= len(self._plan):
+            return
+        self._block = block
+        following = (
+            self._plan[block + 1] if block + 1 < len(self._plan) else self._blocks(epoch + 1)[0]
+        )
+        batches = max(1, (int(ends[block]) - first) // self.batch_size)
+        units = self.dataset.sample_units
+        self.pool.plan_ahead(
+            units(self._plan[block]), units(following), batches, batches // 2 if self.half else 0
+        )
 
 
 def _device_sampler(
@@ -360,9 +426,10 @@ def _device_sampler(
         sampler = BlockSampler(dataset, rank, world, seed, block_bytes=block)
         sampler.reason = (
             f"block shuffle: partitions in blocks of <= {block / 1e9:.3f} GB of cache units "
-            f"(half the smaller of the {holder.nbytes() / 1e9:.3f} GB device pool and the "
-            f"{host / 1e9:.3f} GB host cache), shuffled within each block, the next block "
-            "decoded on the host and uploaded ahead of the step"
+            f"(half the smaller of the {holder.nbytes() / 1e9:.3f} GB of device slots and the "
+            f"{host / 1e9:.3f} GB host cache), shuffled within each block; the device slots "
+            "hold this block's units in one half and the next block's, uploaded a few per "
+            "batch while this one trains, in the other"
         )
         return sampler
     if order == "block":
@@ -403,7 +470,12 @@ def _loader_feed(
         context=context,
         log=None,
         pin_memory=device.type == "cuda",
+        # batch slots the workers reuse, freed below once copied out: only where the batch
+        # is handed on whole (collate_batch); default_collate copies it anyway
+        ring=hasattr(dataset, "batch_ring")
+        and (collate_fn or getattr(dataset, "collate", None)) is collate_batch,
     )
+    pin = plan.pin_memory and plan.ring  # the DataLoader pins otherwise
     plan.reasons[:0] = notes
     # The iterator starts in the producer thread while the model is built: its workers' base
     # seed comes from a generator of its own, never from the global one the model draws on.
@@ -414,6 +486,6 @@ def _loader_feed(
     def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
         keys.start = start
         for batch in loader:  # one iterator for the whole run: it never ends by itself
-            yield keys.tags.popleft(), batch
+            yield keys.tags.popleft(), settle(batch, pin)
 
     return Feed(produce, device, chain.per_epoch, depth, plan.reasons)

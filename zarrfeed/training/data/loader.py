@@ -74,9 +74,13 @@ class LoaderPlan:
     persistent_workers: bool
     context: str | None
     reasons: list[str] = field(default_factory=list)
+    # workers write batches into slots they reuse; the consumer copies each out (pinned when
+    # pin_memory) and frees its slot (ring.settle): the DataLoader itself pins nothing
+    ring: bool = False
 
     def kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        pin = self.pin_memory and not self.ring
+        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": pin}
         if self.num_workers:
             kw |= {
                 "prefetch_factor": self.prefetch_factor,
@@ -95,7 +99,7 @@ class LoaderPlan:
         lines.append(
             f"[{name}] num_workers={self.num_workers} prefetch_factor={self.prefetch_factor} "
             f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers} "
-            f"context={self.context}"
+            f"context={self.context}" + (" batch_ring=on" if self.ring else "")
         )
         return "\n".join(lines)
 
@@ -141,10 +145,12 @@ def plan_loader(
     context: str = "forkserver",
     in_flight_bytes: int = 0,
     pin_memory: bool | None = None,
+    ring: bool = False,
 ) -> LoaderPlan:
     """Resolve ``workers`` ("auto", "cpu*0.9", N) against this machine and dataset;
     ``in_flight_bytes`` (when set) bounds the shared memory of the batches in flight;
-    ``pin_memory``: whether batches go to a CUDA device (None: whether CUDA is present)."""
+    ``pin_memory``: whether batches go to a CUDA device (None: whether CUDA is present);
+    ``ring``: workers reuse batch slots that the consumer frees (:mod:`.ring`)."""
     cpus, how = usable_cpus()
     world = local_world_size()
     reasons = [f"CPUs usable: {cpus} ({how}); local world size: {world}"]
@@ -191,7 +197,7 @@ def plan_loader(
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     if n and in_flight_bytes and sample_bytes:
         n, prefetch = _fit_in_flight(n, prefetch or 0, batch_size * sample_bytes,
-                                     in_flight_bytes, pin, reasons)  # fmt: skip
+                                     in_flight_bytes, pin, reasons, ring)  # fmt: skip
     if pin_memory is None:
         reasons.append("pinned memory: " + ("on (CUDA present)" if pin else "off (no CUDA)"))
     else:
@@ -199,16 +205,30 @@ def plan_loader(
             "pinned memory: "
             + ("on (training on CUDA)" if pin else "off (the training device is not CUDA)")
         )
-    return LoaderPlan(n, prefetch if n else None, pin, n > 0, context if n else None, reasons)
+    plan = LoaderPlan(n, prefetch if n else None, pin, n > 0, context if n else None, reasons)
+    if n and ring:
+        plan.ring = True
+        reasons.append(
+            f"batches: {prefetch + 1} slots of {batch_size * sample_bytes / 1e6:.1f} MB of shared "
+            "memory per worker, reused (fresh shared memory per batch costs more than the "
+            "batch); the feed copies each batch out"
+            + (" into pinned memory" if pin else "")
+            + " and frees its slot"
+        )
+    return plan
 
 
 def _fit_in_flight(
-    n: int, prefetch: int, batch: int, room: int, pinned: bool, reasons: list[str]
-) -> tuple[int, int]:
+    n: int, prefetch: int, batch: int, room: int, pinned: bool, reasons: list[str],
+    ring: bool = False,
+) -> tuple[int, int]:  # fmt: skip
     """(workers, prefetch) whose batches in flight — ``n`` × ``prefetch`` prefetched, the
     held ones, one more pinned copy with CUDA — fit in ``room`` bytes of shared memory;
     :class:`ConfigError` in one line, with the smallest budget that works, when not even one
-    worker with one batch fits."""
+    worker with one batch fits.  With a ``ring`` each worker holds ``prefetch + 1`` slots
+    (the one being copied out besides its prefetched ones) and nothing else is shared."""
+    if ring:
+        return _fit_ring(n, prefetch, batch, room, pinned, reasons)
     held = HELD_BATCHES + int(pinned)
     slots = room // batch - held  # prefetched batches the room leaves
     if slots < 1:
@@ -235,6 +255,32 @@ def _fit_in_flight(
     return n, fit
 
 
+def _fit_ring(
+    n: int, prefetch: int, batch: int, room: int, pinned: bool, reasons: list[str]
+) -> tuple[int, int]:
+    """:func:`_fit_in_flight` for workers with batch rings: ``n × (prefetch + 1)`` slots
+    (and one pinned copy with CUDA) within ``room``."""
+    slots = room // batch - int(pinned)
+    if slots < 2:
+        need = 2 + int(pinned)
+        smallest = math.ceil(need * batch / IN_FLIGHT_SHARE / 2**30 * 1e3) / 1e3
+        raise ConfigError(
+            f"cache budget too small for batches of {batch} bytes with workers: batches in "
+            f"flight may take {room} bytes ({IN_FLIGHT_SHARE:.0%} of the budget), one worker "
+            f"needs {need * batch}; the smallest cache_gb that works is {smallest}, or use "
+            "workers=0"
+        )
+    if 2 * n > slots:
+        n = slots // 2
+        reasons.append(f"capped at {n} workers: two batch slots each, within {room} B")
+    fit = min(prefetch, slots // n - 1)
+    if fit < prefetch:
+        reasons.append(
+            f"prefetch_factor {fit}: batch slots kept within {room / 1e6:.1f} MB of shared memory"
+        )
+    return n, fit
+
+
 def make_loader(
     dataset: Dataset,
     batch_size: int,
@@ -252,6 +298,7 @@ def make_loader(
     seed: int = 0,
     batch_sampler: Sampler | None = None,
     pin_memory: bool | None = None,
+    ring: bool = False,
 ) -> tuple[DataLoader, LoaderPlan]:
     """A DataLoader over ``dataset`` with a planned configuration.
 
@@ -261,7 +308,10 @@ def make_loader(
     ``sampler`` or a ``batch_sampler`` is given).  ``pin_memory``: whether the batches go to
     a CUDA device (None: whether CUDA is present).  ``context`` is the workers' start method;
     "auto" picks one that works where this is called (see
-    :func:`~zarrfeed.training.data.start.start_method`).
+    :func:`~zarrfeed.training.data.start.start_method`).  ``ring``: the workers of a dataset
+    with batched reads (``batch_ring``) reuse shared batch slots, which the consumer must
+    copy out and free with :func:`~zarrfeed.training.data.ring.settle` (the training feed
+    does); other consumers must leave it off.
     """
     collate_fn = collate_fn or getattr(dataset, "collate", None)
     cache = getattr(dataset, "cache", None)
@@ -296,9 +346,13 @@ def make_loader(
         notes.append(f"sampler: {sampler.reason}")
     sample = sample_bytes(dataset[0]) if len(dataset) else 0
     in_flight = int(IN_FLIGHT_SHARE * budget) if beyond_ram else 0
+    ring = ring and hasattr(dataset, "batch_ring")
     plan = plan_loader(
-        len(dataset), batch_size, workers, sample, budget, train, context, in_flight, pin_memory
-    )
+        len(dataset), batch_size, workers, sample, budget, train, context, in_flight, pin_memory,
+        ring,
+    )  # fmt: skip
+    if plan.ring:
+        dataset.batch_ring = plan.prefetch_factor + 1
     if plan.num_workers:
         plan.context, why = start_method(context, dataset)
         notes.append(f"start method: {why}")

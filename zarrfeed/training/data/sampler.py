@@ -95,9 +95,10 @@ class BlockSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.per_rank - self.start
 
-    def plan(self) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's whole order for the epoch and the start of each block in it."""
-        rng = np.random.default_rng([self.seed, self.epoch])
+    def plan(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's whole order for the epoch (``epoch``, by default the current one) and
+        the start of each block in it."""
+        rng = np.random.default_rng([self.seed, self.epoch if epoch is None else epoch])
         position = np.empty(self.parts, np.int64)
         position[rng.permutation(self.parts)] = np.arange(self.parts)
         by_partition = np.argsort(position[self.items], kind="stable")
