@@ -183,7 +183,7 @@ def test_a_mistyped_store_or_an_unwritable_path_fails_in_one_line(tmp_path):
 def test_the_one_line_cause_is_the_message_that_names_the_file():
     from types import SimpleNamespace as Error
 
-    from zarrfeed.demo import root_cause
+    from zarrfeed.commands.demo import root_cause
 
     gzip = Error(cls_name="BadGzipFile", message="BadGzipFile: stream ended early", cause=None)
     ours = Error(
@@ -208,7 +208,7 @@ def test_the_one_line_cause_is_the_message_that_names_the_file():
 def test_an_interrupted_run_stops_the_demo():
     import dagster as dg
 
-    from zarrfeed.demo import run
+    from zarrfeed.commands.demo import run
 
     @dg.op
     def interrupted() -> None:

@@ -43,11 +43,11 @@ storage:
       db_name: {env: DAGSTER_PG_DB}
 """
 )
-# Runs the demo's way (``zarrfeed.demo.run``: execute_in_process) in a fresh interpreter.
+# Runs the demo's way (``zarrfeed.commands.demo.run``: execute_in_process) in a fresh interpreter.
 DEMO_RUN = """
 import sys, dagster as dg
 from zarrfeed.definitions import defs
-from zarrfeed.demo import run
+from zarrfeed.commands.demo import run
 with dg.DagsterInstance.get() as instance:
     run(defs.resolve_job_def("ct_build"), instance, "ct", sys.argv[1], partition_key=sys.argv[1])
 """

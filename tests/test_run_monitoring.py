@@ -8,7 +8,7 @@ from crash import POLL_S, crash_and_recover
 from ct_builds import SMALL_CT, ct_deployment, ct_raw
 from services import instance_yaml
 
-from zarrfeed.demo import prepare_home
+from zarrfeed.commands.demo import prepare_home
 
 pytestmark = pytest.mark.slow
 

@@ -67,7 +67,13 @@ def _sample_data(args: argparse.Namespace, bars: bool = True) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from zarrfeed.demo import output_to, print_summary, progress_display, run_demo, ui_command
+    from zarrfeed.commands.demo import (
+        output_to,
+        print_summary,
+        progress_display,
+        run_demo,
+        ui_command,
+    )
 
     raw, home = Path(args.raw), Path(args.dagster_home)
     if raw.exists() and not raw.is_dir():
@@ -94,7 +100,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _hub(args: argparse.Namespace) -> int:
-    from zarrfeed.demo import output_to, print_summary, progress_display, run_hub
+    from zarrfeed.commands.demo import output_to, print_summary, progress_display, run_hub
 
     if not os.environ.get("HF_TOKEN"):
         print(

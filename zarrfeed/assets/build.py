@@ -29,10 +29,10 @@ import numpy as np
 
 from zarrfeed.assets.checks import CHECK_DOCS
 from zarrfeed.assets.metadata import partition_metadata, readable
-from zarrfeed.checksums import ATTR, array_sha256
 from zarrfeed.errors import ZarrfeedError
 from zarrfeed.sources.raw import SourceWatch
 from zarrfeed.store import ZarrStore, provenance
+from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import StoredAsset, failed_checks
 
 # Beta in dagster 1.13 and used on purpose: backfill_policy= (the documented way to batch) and

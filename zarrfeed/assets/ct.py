@@ -29,8 +29,8 @@ from zarrfeed.assets.metadata import png_markdown, table
 from zarrfeed.assets.partitions import ct_scans
 from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.formats import read_ct, read_nifti_header
+from zarrfeed.formats.previews import volume_png
 from zarrfeed.formats.volume import ZYX_AXES
-from zarrfeed.previews import volume_png
 from zarrfeed.resources import BuildOptions, CTSettings, HuggingFaceResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
 from zarrfeed.sources.raw import SourceWatch, ct_item, is_hub, source_identity

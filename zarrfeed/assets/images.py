@@ -25,7 +25,7 @@ from zarrfeed.errors import InputError
 from zarrfeed.formats import read_image
 from zarrfeed.formats.discover import image_files
 from zarrfeed.formats.limits import claimed_bytes, require_allocatable
-from zarrfeed.previews import image_png
+from zarrfeed.formats.previews import image_png
 from zarrfeed.resources import BuildOptions, ImageSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import SourceWatch, source_identity

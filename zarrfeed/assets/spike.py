@@ -17,7 +17,7 @@ from zarrfeed.errors import InputError
 from zarrfeed.formats import read_dat, read_image
 from zarrfeed.formats.discover import SpikeSequence
 from zarrfeed.formats.limits import claimed_bytes, require_allocatable
-from zarrfeed.previews import grid_png
+from zarrfeed.formats.previews import grid_png
 from zarrfeed.resources import BuildOptions, SpikeSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
 from zarrfeed.sources.raw import SourceWatch, source_identity, spike_sequence

@@ -1,7 +1,7 @@
 """Training as an external process: ``torchrun`` launched through Dagster Pipes.
 
 The step writes the resolved training config next to the checkpoints, runs
-``torchrun --nproc-per-node=N -m zarrfeed.pipes_training --config <run>/train.yaml`` with
+``torchrun --nproc-per-node=N -m zarrfeed.training.pipes --config <run>/train.yaml`` with
 :class:`dagster.PipesSubprocessClient`, and takes rank 0's reports (logs, materialisation,
 check) as its own.  torchrun keeps each rank's output and error file under
 ``<run>/torchrun/<run id>/``; when training fails or a rank is killed, the step fails with
@@ -44,7 +44,7 @@ class TorchrunResource(dg.ConfigurableResource):
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={self.nproc_per_node}", f"--log-dir={log_dir}",
             "--redirects=3", "--tee=3",  # each rank's output to a file and to the step's log
-            "-m", "zarrfeed.pipes_training", "--config", str(config_path),
+            "-m", "zarrfeed.training.pipes", "--config", str(config_path),
         ]  # fmt: skip
 
     def train(
@@ -60,7 +60,7 @@ class TorchrunResource(dg.ConfigurableResource):
         context.log.info(
             f"training through Pipes: {shlex.join(command)}\n"
             f"outside Dagster: torchrun --nproc-per-node={self.nproc_per_node} "
-            f"-m zarrfeed.pipes_training --config {config_path}"
+            f"-m zarrfeed.training.pipes --config {config_path}"
         )
         try:
             return dg.PipesSubprocessClient().run(

@@ -21,9 +21,9 @@ from pydantic.fields import FieldInfo
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.torchrun import TorchrunResource
-from zarrfeed.pipes_training import LEARNED, LEARNED_DOC
 from zarrfeed.resources import ModelsResource, ZarrStoreResource
 from zarrfeed.training.config import TrainConfig
+from zarrfeed.training.pipes import LEARNED, LEARNED_DOC
 from zarrfeed.training.tasks import TASK_TYPES
 
 TRAINER_VERSION = "2"  # 2: trained by torchrun through Pipes

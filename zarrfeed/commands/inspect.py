@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from zarrfeed import previews
 from zarrfeed.errors import ConfigError
+from zarrfeed.formats import previews
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import STORED, StoredAsset
 from zarrfeed.transforms.ct import apply_window

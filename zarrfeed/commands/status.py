@@ -145,7 +145,7 @@ def failure_cause(instance: Any, key: str) -> str:
     """The root cause of the latest failed run of partition ``key``, one line."""
     import dagster as dg
 
-    from zarrfeed.demo import root_cause
+    from zarrfeed.commands.demo import root_cause
 
     runs = instance.get_runs(
         filters=dg.RunsFilter(

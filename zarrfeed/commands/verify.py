@@ -2,7 +2,7 @@
 committed partition re-read and compared with what was recorded when it was built.
 
 - each array opens with its recorded shape and dtype, and its content checksum
-  (:mod:`zarrfeed.checksums`) matches the recorded one;
+  (:mod:`zarrfeed.store.checksums`) matches the recorded one;
 - a first-stage partition's raw source still hashes to the recorded ``source_sha256``.
 
 A difference is a *mismatch*, named; a partition built before checksums were recorded, or
@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zarrfeed.checksums import ATTR, array_sha256
 from zarrfeed.commands.status import RESTORE
 from zarrfeed.sources.raw import is_hub, item_sha256, missing_source
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import SOURCE, StoredAsset
 
 

@@ -15,11 +15,11 @@ import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import PARTITIONS
-from zarrfeed.bulk import gc_paused
 from zarrfeed.jobs.build import datasets_build
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog
+from zarrfeed.store.bulk import gc_paused
 from zarrfeed.store.contract import FAMILIES
 
 

@@ -15,12 +15,12 @@ import dagster as dg
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import PARTITIONS
-from zarrfeed.bulk import gc_paused
 from zarrfeed.jobs.queue import PER_TICK, BuildQueue
 from zarrfeed.resources import CTSettings, ImageSettings, SpikeSettings, ZarrStoreResource
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import source_identity
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.bulk import gc_paused
 from zarrfeed.store.contract import FAMILIES, SOURCE, Family, stale_reason
 
 NIGHTLY_CRON = "0 2 * * *"

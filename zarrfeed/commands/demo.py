@@ -45,7 +45,7 @@ run_retries:
   max_retries: 1
   retry_on_asset_or_op_failure: false
 """
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = REPO / "workspace.yaml"
 REPOSITORY = "__repository__"  # the name Dagster gives a module's single Definitions
 
