@@ -59,7 +59,7 @@ def make_volumes(
             w.write("fraction", np.ones(per_volume, np.float32), read="rows")
         np.save(root / f"{key}.npy", vol)  # the usual baseline: uncompressed .npy, mmap'd
     store.write_dataset("ct", ["ct/windows", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"])
+    store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"], table="patches")
     return store
 
 
@@ -458,30 +458,27 @@ def pss_child(work: Path, fill_gb: float) -> None:
 def spike(work: Path) -> None:
     import dagster as dg
 
-    from zarrfeed.assets import dataset_assets, family_assets
-    from zarrfeed.definitions import RESOURCES
+    from zarrfeed.assets import family_assets
+    from zarrfeed.assets.datasets import dataset_asset
+    from zarrfeed.families.spike import SPIKE
     from zarrfeed.jobs.discovery import discover_into
-    from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+    from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
     from zarrfeed.samples import make_gopro_spike
 
     raw = work / "spike_raw"
     list(make_gopro_spike(raw / "gopro-spike", 2, 8, "full", np.random.default_rng(0)))
     res = {
-        **RESOURCES,
+        "build": BuildOptions(),
         "raw": RawFolderResource(root=str(raw)),
         "zarr_store": ZarrStoreResource(url=str(work / "spike.zarr")),
     }
     (work / "home").mkdir(exist_ok=True)
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        keys = discover_into(instance, "spike", res["raw"], res["zarr_store"])
+        keys = discover_into(instance, SPIKE, res["raw"], res["zarr_store"])
         for k in keys:
-            assets = family_assets("spike", res)
+            assets = family_assets(SPIKE, {})
             dg.materialize(assets, partition_key=k, resources=res, instance=instance)
-        dg.materialize(
-            [a for a in dataset_assets if a.key.path[0] == "spike_dataset"],
-            resources=res,
-            instance=instance,
-        )
+        dg.materialize([dataset_asset(SPIKE)], resources=res, instance=instance)
     rates = {}
     for mode in ("stored", "realtime"):
         ds = SpikeClipDataset(str(work / "spike.zarr"), clip_len=3, crop=(256, 256), voxels=mode)

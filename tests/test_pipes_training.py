@@ -13,23 +13,25 @@ import dagster as dg
 import pytest
 import yaml
 from dagsterdev import wait_for
+from graph import base_resources
 from procs import descendants
 
-from zarrfeed.assets import dataset_assets, model_assets
+from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.assets.torchrun import TorchrunResource
-from zarrfeed.definitions import RESOURCES
+from zarrfeed.assets.training import model_asset
+from zarrfeed.families.ct import CT
 from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
 
 pytestmark = pytest.mark.slow
-MODEL = next(a for a in model_assets if a.key.path == ["ct_classifier_model"])
-DATASET = next(a for a in dataset_assets if a.key.path == ["ct_dataset"])
+MODEL = model_asset("ct_classifier")
+DATASET = dataset_asset(CT)
 
 
 def run(built, tmp_path, nproc: int, **train) -> tuple[dg.ExecuteInProcessResult, list[str]]:
     """Materialise the CT classifier on ``nproc`` ranks: the result and the run's log lines."""
     store, raw = built
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "zarr_store": ZarrStoreResource(url=store.url),
         "raw": RawFolderResource(root=str(raw)),
         "models": ModelsResource(root=str(tmp_path / "models")),

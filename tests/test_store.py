@@ -378,14 +378,18 @@ def test_consolidation_reads_only_what_changed_and_equals_a_fresh_one(store, mon
         return real(asset, key, name, version)
 
     monkeypatch.setattr(store, "read_array", counted)
-    assert store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])["rows"] == 12
+
+    def consolidate():
+        return store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"], table="patches")
+
+    assert consolidate()["rows"] == 12
     assert sorted(reads) == ["ct/patches/a", "ct/patches/b", "ct/patches/c"]
     reads.clear()
-    assert store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])["rows"] == 12
+    assert consolidate()["rows"] == 12
     assert reads == []  # nothing changed: nothing read, nothing written
     rows("b", 900)  # a rebuilt partition
     reads.clear()
-    store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])
+    consolidate()
     assert [r for r in reads if r.startswith("ct/")] == ["ct/patches/b"]
     table = real("datasets/ct", "patches", "origins")
     fresh = np.concatenate([real("ct/patches", k, "origins") for k in ["a", "b", "c"]])

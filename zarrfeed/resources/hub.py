@@ -5,6 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from zarrfeed.sources import CTRateHub
+from zarrfeed.sources.hub import DEFAULT_REPO
 
 
 class HuggingFaceResource(dg.ConfigurableResource):
@@ -15,7 +16,7 @@ class HuggingFaceResource(dg.ConfigurableResource):
     huggingface_hub) or ``endpoint`` points at another hub.
     """
 
-    repo_id: str = "ibrahimhamamci/CT-RATE"
+    repo_id: str = DEFAULT_REPO
     revision: str = "main"
     split: str = "valid"  # the *_fixed folder of this split
     cache_dir: str | None = None  # default: the huggingface_hub cache (HF_HUB_CACHE)

@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
+from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, PATCH_TABLE
+from zarrfeed.processes import usable_cpus
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.chunkio import usable_threads
-from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
 from zarrfeed.transforms.sparse import sample_points
@@ -36,7 +36,7 @@ class CTPatchDataset(StoreDataset):
     buffer on without the copy ``default_collate`` makes.
     """
 
-    dataset, asset = CT_DATASET.name, CT_WINDOWS.path
+    dataset, asset = CT.name, CT_WINDOWS.path
     collate = staticmethod(collate_batch)
 
     def __init__(
@@ -63,7 +63,7 @@ class CTPatchDataset(StoreDataset):
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
-            table = self.store.open_partition(CT_DATASET.path, "patches")
+            table = self.store.open_partition(CT.dataset_path, PATCH_TABLE.name)
             offsets = table["offsets"][...]
             self.items = np.repeat(self.items, np.diff(offsets))
             self.origins = table["origins"][...]
@@ -76,10 +76,10 @@ class CTPatchDataset(StoreDataset):
         return [self.window]
 
     def _labels(self) -> tuple[np.ndarray | None, list[str]]:
-        if not self.store.has_partition(CT_DATASET.path, "labels"):
+        if not self.store.has_partition(CT.dataset_path, LABELS):
             return None, []
-        group = self.store.open_partition(CT_DATASET.path, "labels")
-        table = group["labels"][...].astype(np.float32)
+        group = self.store.open_partition(CT.dataset_path, LABELS)
+        table = group[LABELS][...].astype(np.float32)
         table[table == group.attrs["unknown"]] = np.nan
         return table, list(group.attrs["names"])
 
@@ -140,7 +140,7 @@ class CTPatchDataset(StoreDataset):
         ]
         # In the training process copies run on every usable core (they release the GIL);
         # a worker is one of several processes sharing the cores.
-        self.cache.read_into(requests, threads=1 if worker else usable_threads())
+        self.cache.read_into(requests, threads=1 if worker else usable_cpus())
         batch: dict[str, Any] = {"image": image, "item": torch.from_numpy(items)}
         if self.labels is not None:
             batch["labels"] = torch.from_numpy(self.labels[items])
@@ -193,7 +193,7 @@ class SparsePointsDataset(StoreDataset):
     what ``make_loader`` and the trainer use).
     """
 
-    dataset, asset = CT_DATASET.name, CT_SPARSE.path
+    dataset, asset = CT.name, CT_SPARSE.path
     collate = staticmethod(collate_points)
 
     def __init__(

@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.store.chunkio import usable_threads
+from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.training.data.ct import CTPatchDataset
-from zarrfeed.training.data.loader import available_memory
 
 # Share of the device's free memory the device cache may take by default ("auto").
 DEVICE_SHARE = 0.25
@@ -249,7 +248,7 @@ class DeviceSlots(_PatchSource):
             part = tuple(slice(0, r.stop - r.start) for r in region)
             requests.append((grp.asset, item, grp.name, region, host[row][part]))
         # locate() walks the units in id order: ``units`` is sorted (np.unique), rows agree
-        ds.cache.read_into(requests, threads=usable_threads())
+        ds.cache.read_into(requests, threads=usable_cpus())
         moved = staged.to(self.device, non_blocking=True).reshape(len(units), -1)
         where = _to_device(slots, self.device)
         self.pool.view(self.slots, self.unit_elems).index_copy_(0, where, moved)

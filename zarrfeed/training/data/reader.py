@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from zarrfeed.errors import StoreError
+from zarrfeed.processes import usable_cpus
 from zarrfeed.store import ChunkedArray, ZarrStore
-from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.training.data.arena import DECODED, HITS, MASK, MISSES, ChunkArena
 from zarrfeed.training.data.arrays import Fill, SharedArrayCache
 from zarrfeed.training.data.shm import CacheFolder
@@ -219,7 +219,7 @@ class CachedArrays:
             self.entries.get(key, self._fill(*array, threads=1))
             return key
 
-        threads = usable_threads()
+        threads = usable_cpus()
         if threads > 1 and len(arrays) > 1:
             keys = set(self._pool(threads).map(fill, arrays))
         else:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.families.spike import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import SPIKE_DATASET, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms import spike as sp
 
@@ -26,7 +26,7 @@ class SpikeClipDataset(StoreDataset):
     no voxel store on disk.  Only the crop is read from the cache.
     """
 
-    dataset, asset = SPIKE_DATASET.name, SPIKE_FRAMES.path
+    dataset, asset = SPIKE.name, SPIKE_FRAMES.path
 
     def __init__(
         self,

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from zarrfeed.training.data.loader import LoaderPlan, batch_len, plan_loader, usable_cpus
+from zarrfeed.processes import cpu_budget
+from zarrfeed.training.data.loader import LoaderPlan, batch_len, plan_loader
 from zarrfeed.training.data.start import start_method
 
 AUTOTUNE_FILE = (
@@ -86,7 +87,7 @@ def autotune(
 ) -> LoaderPlan:
     """Measure candidate worker counts on real batches and keep the fastest, remembered per
     dataset and machine (``~/.cache/zarrfeed/autotune.json``)."""
-    cpus, _ = usable_cpus()
+    cpus, _ = cpu_budget()
     key = _tune_key(dataset, batch_size, cpus)
     saved = json.loads(remember.read_text()) if remember and remember.exists() else {}
     if key in saved:
