@@ -135,6 +135,7 @@ MRI = Family(
     partitions="mri_volumes",
     raw=RawSource(
         asset="mri_raw_volume",
+        items="MRI volumes",
         description="A raw MRI volume (.npy): its content hash and shape.",
         kinds=frozenset({"numpy"}),
         scan=scan_mri,

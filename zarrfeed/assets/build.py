@@ -20,8 +20,9 @@ assets from the contract.
 
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,20 +36,25 @@ from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import StoredAsset, stale_reason
 
-# Beta in dagster 1.13 and used on purpose: backfill_policy= (the documented way to batch) and
-# owners= on jobs, sensors and schedules (the catalog shows who owns each, as for assets).
-warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*(backfill_policy|owners)")
-# Preview in dagster 1.13 and used on purpose: checks partitioned like their asset, so the UI
-# shows each partition's result and plots each partition's history apart.
-warnings.filterwarnings(
-    "ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec"
-)
-
 # Backfills of derived assets run this many partitions per run: the ~1–2 s start-up of a run
 # is paid once per batch instead of once per partition (benchmarks/build.py).
 BATCH = dg.BackfillPolicy.multi_run(max_partitions_per_run=16)
 OWNERS = ["team:ml-data"]
 IO_POOL = "zarrfeed_io"  # raw ingest and downloads (deploy/dagster.yaml sets its limit)
+
+
+@contextmanager
+def intended() -> Iterator[None]:
+    """Dagster 1.13 features used on purpose, their warnings silenced where they are used
+    (never process-wide): ``backfill_policy=`` (beta; the documented way to batch) and
+    checks partitioned like their asset (preview; the UI shows each partition's result and
+    plots each partition's history apart)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*backfill_policy", dg.BetaWarning)
+        warnings.filterwarnings(
+            "ignore", ".*partitions_def on an AssetCheckSpec", dg.PreviewWarning
+        )
+        yield
 
 
 @dataclass
@@ -150,16 +156,17 @@ def described(step: Step, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
 def check_specs(
     spec: StoredAsset, partitions_def: dg.PartitionsDefinition
 ) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(
-            c.name,
-            asset=spec.name,
-            blocking=True,
-            description=c.description,
-            partitions_def=partitions_def,
-        )
-        for c in spec.checks
-    ]
+    with intended():
+        return [
+            dg.AssetCheckSpec(
+                c.name,
+                asset=spec.name,
+                blocking=True,
+                description=c.description,
+                partitions_def=partitions_def,
+            )
+            for c in spec.checks
+        ]
 
 
 def stored_asset(
@@ -172,20 +179,22 @@ def stored_asset(
     """``@dg.asset`` for a stored asset, everything taken from its declaration."""
 
     def wrap(fn: Callable) -> dg.AssetsDefinition:
-        return dg.asset(
-            name=spec.name,
-            required_resource_keys=resources,
-            partitions_def=partitions_def,
-            deps=deps,
-            group_name=spec.family,
-            code_version=spec.code_version(settings),
-            description=spec.description,
-            kinds=set(spec.kinds),
-            owners=OWNERS,
-            tags={"family": spec.family, "stage": "stored"},
-            backfill_policy=BATCH,
-            check_specs=check_specs(spec, partitions_def),
-        )(fn)
+        with intended():
+            decorate = dg.asset(
+                name=spec.name,
+                required_resource_keys=resources,
+                partitions_def=partitions_def,
+                deps=deps,
+                group_name=spec.family,
+                code_version=spec.code_version(settings),
+                description=spec.description,
+                kinds=set(spec.kinds),
+                owners=OWNERS,
+                tags={"family": spec.family, "stage": "stored"},
+                backfill_policy=BATCH,
+                check_specs=check_specs(spec, partitions_def),
+            )
+        return decorate(fn)
 
     return wrap
 
@@ -201,27 +210,29 @@ def stored_multi_asset(
     """``@dg.multi_asset`` over several stored assets built in one step (any subset)."""
 
     def wrap(fn: Callable) -> dg.AssetsDefinition:
-        return dg.multi_asset(
-            name=name,
-            required_resource_keys=resources,
-            specs=[
-                dg.AssetSpec(
-                    s.name,
-                    deps=deps[s.name],
-                    group_name=s.family,
-                    code_version=s.code_version(settings),
-                    description=s.description,
-                    kinds=set(s.kinds),
-                    owners=OWNERS,
-                    tags={"family": s.family, "stage": "stored"},
-                )
-                for s in specs
-            ],
-            check_specs=[c for s in specs for c in check_specs(s, partitions_def)],
-            partitions_def=partitions_def,
-            backfill_policy=BATCH,
-            can_subset=True,
-        )(fn)
+        with intended():
+            decorate = dg.multi_asset(
+                name=name,
+                required_resource_keys=resources,
+                specs=[
+                    dg.AssetSpec(
+                        s.name,
+                        deps=deps[s.name],
+                        group_name=s.family,
+                        code_version=s.code_version(settings),
+                        description=s.description,
+                        kinds=set(s.kinds),
+                        owners=OWNERS,
+                        tags={"family": s.family, "stage": "stored"},
+                    )
+                    for s in specs
+                ],
+                check_specs=[c for s in specs for c in check_specs(s, partitions_def)],
+                partitions_def=partitions_def,
+                backfill_policy=BATCH,
+                can_subset=True,
+            )
+        return decorate(fn)
 
     return wrap
 

@@ -9,7 +9,7 @@ that says how to remove it.
 
 import dagster as dg
 
-from zarrfeed.assets.build import IO_POOL, OWNERS
+from zarrfeed.assets.build import IO_POOL, OWNERS, intended
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.families import Family, Inputs
 from zarrfeed.resources import ZarrStoreResource
@@ -19,6 +19,14 @@ from zarrfeed.sources.raw import is_hub, source_version
 def raw_asset(family: Family) -> dg.AssetsDefinition:
     """The raw-ingest asset of ``family``, from its ``RawSource`` declaration."""
     raw, partitions = family.raw, partitions_def(family)
+    with intended():  # partitioned like the asset: the UI shows each partition's result
+        readable = dg.AssetCheckSpec(
+            raw.readable.name,
+            asset=raw.asset,
+            blocking=True,
+            description=raw.readable.description,
+            partitions_def=partitions,
+        )
 
     @dg.asset(
         name=raw.asset,
@@ -30,15 +38,7 @@ def raw_asset(family: Family) -> dg.AssetsDefinition:
         owners=OWNERS,
         tags={"family": family.name, "stage": "raw"},
         pool=IO_POOL,
-        check_specs=[
-            dg.AssetCheckSpec(
-                raw.readable.name,
-                asset=raw.asset,
-                blocking=True,
-                description=raw.readable.description,
-                partitions_def=partitions,
-            )
-        ],
+        check_specs=[readable],
     )
     def _raw(
         context: dg.AssetExecutionContext, zarr_store: ZarrStoreResource

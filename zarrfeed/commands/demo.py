@@ -132,9 +132,10 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
     with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
         keys = {f: discover_into(instance, f, raw_resource, zarr_store) for f in families}
         if not any(keys.values()):
+            kinds = [f.raw.items for f in families]
             raise InputError(
                 raw,
-                "raw " + ", ".join(f.raw.asset for f in families) + " items",
+                "raw " + " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds),
                 "none (`zarrfeed sample-data DIR` writes some)",
             )
         total = sum(map(len, keys.values())) + 1 + len(models)

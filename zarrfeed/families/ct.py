@@ -444,6 +444,7 @@ CT = Family(
     partitions="ct_scans",
     raw=RawSource(
         asset="ct_raw_scan",
+        items="CT scans",
         description="A raw CT scan of any source — NIfTI file, DICOM series, .npy/.npz "
         "volume, CT-RATE volume on the hub: its content hash (the data version) and header "
         "facts.",

@@ -45,6 +45,7 @@ class RawSource:
     """A family's raw items, as discovery finds them and its raw-ingest asset reports them."""
 
     asset: str  # the raw-ingest asset: each item's content hash (its data version) and facts
+    items: str  # what its items are, in a sentence ("CT scans")
     description: str
     kinds: frozenset[str]  # the formats it reads (kinds in the UI)
     scan: Callable[[str], Scan]  # absolute raw root -> key -> catalog entry, no file read

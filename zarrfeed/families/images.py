@@ -207,6 +207,7 @@ IMAGES = Family(
     partitions="image_sets",
     raw=RawSource(
         asset="image_raw_set",
+        items="image sets",
         description="A folder of images: one hash over its files (the data version), count "
         "and bytes.",
         kinds=frozenset({"png", "tiff"}),

@@ -198,6 +198,7 @@ SPIKE = Family(
     partitions="spike_sequences",
     raw=RawSource(
         asset="spike_raw_sequence",
+        items="spike sequences",
         description="A raw spike sequence folder: one hash over its files (the data version) "
         "and layout.",
         kinds=frozenset({"numpy"}),

@@ -1,17 +1,14 @@
 """Jobs: build a family's partitions, refresh the manifests, list the hub, train, tidy the
 store."""
 
-import warnings
-
 import dagster as dg
 
-from zarrfeed.assets.build import OWNERS
 from zarrfeed.families import Family
 from zarrfeed.resources import ZarrStoreResource
 
 # Raw ingest runs one partition per run (per-item data versions) while stored assets batch,
-# so a family job backfills one partition per run and asset backfills batch.  Intended.
-warnings.filterwarnings("ignore", message=".*materializes assets with varying BackfillPolicies")
+# so a family job backfills one partition per run and asset backfills batch: intended, and
+# Dagster says so ("materializes assets with varying BackfillPolicies") when it resolves it.
 
 
 def build_job(family: Family):  # an unresolved asset job (its type is not public)
@@ -21,7 +18,6 @@ def build_job(family: Family):  # an unresolved asset job (its type is not publi
         description=f"Build the {family.name} stores for the chosen partitions: raw ingest, "
         "then every stored asset of the family (unchanged partitions are reused).",
         tags={"family": family.name, "stage": "build"},
-        owners=OWNERS,
     )
 
 
@@ -33,7 +29,6 @@ def dataset_job(family: Family):
         description=f"Rewrite the {family.name} dataset manifest from the committed, checked "
         "partitions.",
         tags={"family": family.name, "stage": "dataset"},
-        owners=OWNERS,
     )
 
 
@@ -46,7 +41,6 @@ def hub_job(family: Family):
         description=f"List a hub split at a pinned commit: its volumes become "
         f"{family.partitions} partitions.",
         tags={"family": family.name, "stage": "raw", "source": "huggingface"},
-        owners=OWNERS,
     )
 
 
@@ -55,14 +49,12 @@ datasets_build = dg.define_asset_job(
     selection=dg.AssetSelection.groups("datasets"),
     description="Rewrite the dataset manifests from the committed, checked partitions.",
     tags={"stage": "dataset"},
-    owners=OWNERS,
 )
 train = dg.define_asset_job(
     "train",
     selection=dg.AssetSelection.groups("training"),
     description="Train every model on the current dataset manifests (run config: TrainConfig).",
     tags={"stage": "training"},
-    owners=OWNERS,
 )
 
 
@@ -75,7 +67,6 @@ def collect_garbage(context: dg.OpExecutionContext, zarr_store: ZarrStoreResourc
 @dg.job(
     description="Tidy the store: versions left by crashed or interrupted writers.",
     tags={"stage": "maintenance"},
-    owners=OWNERS,
 )
 def store_maintenance() -> None:
     collect_garbage()

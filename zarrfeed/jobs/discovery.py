@@ -13,7 +13,6 @@ import logging
 
 import dagster as dg
 
-from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.families import Family
 from zarrfeed.jobs.queue import BuildQueue
@@ -38,7 +37,6 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
         description=f"Scans the raw folder for {family} items: new ones become partitions, "
         "new and changed ones get a build run, vanished ones are reported.",
         tags={"family": family, "stage": "discovery"},
-        owners=OWNERS,
     )
     def _discover(
         context: dg.SensorEvaluationContext, raw: RawFolderResource, zarr_store: ZarrStoreResource

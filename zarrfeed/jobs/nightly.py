@@ -11,7 +11,6 @@ from typing import Any
 
 import dagster as dg
 
-from zarrfeed.assets.build import OWNERS
 from zarrfeed.families import Family
 from zarrfeed.jobs.queue import PER_TICK, BuildQueue
 from zarrfeed.resources import ZarrStoreResource
@@ -33,7 +32,6 @@ def nightly_schedule(declared: Family, job, settings: Mapping[str, Any]) -> dg.S
         description=f"Rebuilds the {family} partitions that are missing or out of date "
         "(changed source, settings or code).",
         tags={"family": family, "stage": "build"},
-        owners=OWNERS,
     )
     def _nightly(context: dg.ScheduleEvaluationContext, zarr_store: ZarrStoreResource):
         store = zarr_store.store()
@@ -75,5 +73,4 @@ store_maintenance_nightly = dg.ScheduleDefinition(
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Removes versions crashed or interrupted writers left in the store.",
     tags={"stage": "maintenance"},
-    owners=OWNERS,
 )

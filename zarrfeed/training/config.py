@@ -194,6 +194,10 @@ class TrainConfig(Section):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=False)
 
+    def flat(self) -> dict[str, Any]:
+        """The config as ``{"train.lr": 0.002, ...}``."""
+        return flatten(self.model_dump())
+
 
 def task_types() -> dict[str, Any]:
     """Task name -> class (``zarrfeed.training.tasks`` declares them; imported here only

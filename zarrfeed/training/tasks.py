@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,7 +21,6 @@ from zarrfeed.families import Family
 from zarrfeed.families.ct import CT, LABELS
 from zarrfeed.families.images import IMAGES
 from zarrfeed.families.spike import SPIKE, SPIKE_VOXELS
-from zarrfeed.training.config import TrainConfig, flatten
 from zarrfeed.training.data import (
     CTPatchDataset,
     ImagePatchDataset,
@@ -36,6 +35,9 @@ from zarrfeed.training.models import (
     OccupancyAutoencoder,
     SpikeDeblur,
 )
+
+if TYPE_CHECKING:  # the config validates task names against this module
+    from zarrfeed.training.config import TrainConfig
 
 Batch = dict[str, torch.Tensor]
 # Per-class tables of the evaluation batches: metric name -> class name -> value (None where
@@ -76,7 +78,7 @@ class Task:
         own = {f"data.{name}" for name in self.data_fields}
         return {
             key: value
-            for key, value in flatten(self.config.model_dump()).items()
+            for key, value in self.config.flat().items()
             if key not in ("out", "run_name", "resume", "resume_anyway")
             and (not key.startswith("data.") or key in own)
         }
