@@ -473,11 +473,6 @@ class ZarrStore:
             raise StoreError(f"no committed partitions {missing[:5]} of {asset!r} in {self.url}")
         return _manifest(asset, self.url, [found[k] for k in keys], extra)
 
-    def write_manifest(self, asset: str, **extra: Any) -> dict[str, Any]:
-        manifest = self.build_manifest(asset, **extra)
-        self._write_manifest(asset, manifest)
-        return manifest
-
     def write_dataset(
         self,
         name: str,

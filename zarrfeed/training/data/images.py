@@ -1,4 +1,4 @@
-"""Seed 002's inspection-image patches with synthesised local defects."""
+"""Inspection-image patches with synthesised local defects."""
 
 from __future__ import annotations
 

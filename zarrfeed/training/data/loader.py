@@ -138,7 +138,7 @@ def plan_loader(
             )
         n = max(1, math.floor(cpus * share / world))
         reasons.append(f"workers: {n} from {spec} = {share:g} x {cpus} CPUs / {world} ranks")
-        # Seed 000: few samples per worker make worker start-up and cache warm-up dominate.
+        # Few samples per worker make worker start-up and cache warm-up dominate.
         small = 2 if dataset_len < 50 else 4 if dataset_len < 200 else None
         if small is not None and n > small:
             n = small

@@ -1,4 +1,4 @@
-"""Seed 001's spike-camera clips: blurred and sharp frames with their spike voxels, stored or
+"""Spike-camera clips: blurred and sharp frames with their spike voxels, stored or
 binned in real time from the raw ``.dat`` files."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from zarrfeed.transforms import spike as sp
 
 
 class SpikeClipDataset(StoreDataset):
-    """Seed 001's clips: ``clip_len`` consecutive samples of blur, sharp and spike voxels,
+    """Deblurring clips: ``clip_len`` consecutive samples of blur, sharp and spike voxels,
     randomly cropped to ``crop`` (H, W).
 
     ``voxels="stored"`` reads the ``spike_voxels`` asset; ``"realtime"`` decodes the raw
