@@ -173,7 +173,6 @@ def test_hub_volumes_are_ct_scans_built_by_the_ct_graph_and_never_record_the_tok
         cache_dir=str(tmp_path / "hf"),
         endpoint=server.url,
         max_scans=2,
-        download_retries=1,
     )
     resources = {
         **base_resources(),
@@ -223,7 +222,6 @@ def test_hub_volumes_are_ct_scans_built_by_the_ct_graph_and_never_record_the_tok
             cache_dir=str(tmp_path / "hf"),
             endpoint=closed_port(),
             max_scans=2,
-            download_retries=1,
         )
         r = build({**resources, "hf": offline_hf}, instance, "ct", TRAIN[1], raise_on_error=False)
         assert not r.success and not store.has_partition("ct/hu", TRAIN[1])

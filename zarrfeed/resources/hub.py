@@ -22,7 +22,6 @@ class HuggingFaceResource(dg.ConfigurableResource):
     cache_dir: str | None = None  # default: the huggingface_hub cache (HF_HUB_CACHE)
     endpoint: str | None = None
     max_scans: int | None = None  # a cap for trial runs
-    download_retries: int = 4
     delete_after_commit: bool = False  # remove each download once its HU volume is committed
 
     def hub(self) -> CTRateHub:
@@ -33,5 +32,4 @@ class HuggingFaceResource(dg.ConfigurableResource):
             cache_dir=self.cache_dir,
             endpoint=self.endpoint,
             max_scans=self.max_scans,
-            retries=self.download_retries,
         )
