@@ -43,6 +43,7 @@ from zarrfeed.store import jsonio
 from zarrfeed.store.backends import TEMPORARY, Backend, LocalBackend, open_backend
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
+from zarrfeed.store.contract import failed_checks
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
 
@@ -498,7 +499,7 @@ class ZarrStore:
         failed: dict[str, list[str]] = {}
         for a, found in records.items():
             for k in candidates:
-                bad = [n for n, ok in (found[k].get("checks") or {}).items() if not ok]
+                bad = failed_checks(found[k])
                 if bad:
                     failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
         for k, reasons in (withheld or {}).items():
