@@ -148,3 +148,30 @@ def test_no_registry_is_keyed_by_family_names(kind):
             if len(named & families) >= 2:
                 found.append(f"{where(path, node)}: {sorted(named & families)}")
     assert not found, "per-family registries:\n" + "\n".join(found)
+
+
+def test_the_readme_graph_table_follows_the_declarations():
+    """The docs' table of the graph names every asset and check the declarations give, in
+    its family's row: a new family, asset or check fails here until the table says so."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    start = text.index("| group | assets | checks (blocking) |")
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("| `"):
+            break
+        rows[line.split("`")[1]] = line
+    wanted: dict[str, list[str]] = {"datasets": [], "training": []}
+    for component in project_families():
+        family = component.declaration
+        names = [family.raw.asset, family.raw.readable.name]
+        names += [n for spec in family.assets for n in (spec.name, *spec.check_names)]
+        wanted[family.name] = names
+        wanted["datasets"].append(family.dataset_asset)
+        if family.hub:
+            wanted["hub"] = [family.hub.asset, family.hub.check.name]
+    wanted["training"] = [model_asset_name(t) for t in TASK_TYPES]
+    missing = {
+        row: [n for n in names if f"`{n}`" not in rows.get(row, "")]
+        for row, names in wanted.items()
+    }
+    assert not {k: v for k, v in missing.items() if v}, missing
