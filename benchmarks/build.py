@@ -30,7 +30,12 @@ from zarrfeed.assets.metadata import partition_metadata
 from zarrfeed.families.ct import CT
 from zarrfeed.formats.discover import read_ct_rate_metadata
 from zarrfeed.jobs.discovery import discover_into
-from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import (
+    BuildOptions,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.hu import csv_rescale
@@ -110,6 +115,7 @@ def build_ct_scan(
     ``empty`` the graph's hollow twins run instead (nothing is built or stored)."""
     resources = {
         "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=str(work / "store.zarr")),
         "raw": RawFolderResource(root=str(raw)),
     }

@@ -37,7 +37,12 @@ from zarrfeed.families.ct import CT, CTSettings
 from zarrfeed.formats import write_nifti
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.jobs.queue import BuildQueue
-from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import (
+    BuildOptions,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.samples import METADATA_COLUMNS, ct_rate_path, make_sample_data
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.sources.raw import source_identity
@@ -167,7 +172,7 @@ def synthetic_commits(store: ZarrStore, instance, settings: dict, keys: list[str
                       "committed_at": "2026-11-22T00:00:00Z", "committed_unix": time.time(),
                       "zarrfeed_version": "0.1.0", "arrays": arrays,
                       "stored_bytes": int(np.prod(shape)) // 2, "attrs": attrs,
-                      "checks": dict.fromkeys(spec.checks, True)}  # fmt: skip
+                      "checks": dict.fromkeys(spec.check_names, True)}  # fmt: skip
             records[spec.path][f"{key}.json"] = json.dumps(record).encode()
     for path, objects in records.items():
         store.backend.put_many(store.backend.join(".zarrfeed", "commits", path), objects)
@@ -243,6 +248,7 @@ def resources_for(store: str, raw: Path, settings: CTSettings) -> dict:
     which the definitions take, not the runs)."""
     return {
         "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=store),
         "raw": RawFolderResource(root=str(raw)),
         "ct_settings": settings,
@@ -251,7 +257,8 @@ def resources_for(store: str, raw: Path, settings: CTSettings) -> dict:
 
 def code_location(resources: dict) -> dg.Definitions:
     """The CT family's definitions with the settings in ``resources``."""
-    runtime = {k: v for k, v in resources.items() if k != "ct_settings"}
+    # The family's definitions bring their own hub resource; the rest comes from here.
+    runtime = {k: v for k, v in resources.items() if k not in ("ct_settings", "hf")}
     return dg.Definitions.merge(
         family_defs(CT, resources["ct_settings"]), dg.Definitions(resources=runtime)
     )

@@ -28,7 +28,12 @@ from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.families.ct import CT
 from zarrfeed.formats.discover import read_ct_rate_metadata
 from zarrfeed.jobs.discovery import discover_into
-from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import (
+    BuildOptions,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
 from zarrfeed.training.tasks import CTClassification
@@ -100,6 +105,7 @@ def build_store(work: Path, scans: int, size: str = "small") -> tuple[Path, Path
     list(make_ct_rate(raw / "ct-rate", scans, size, np.random.default_rng(0)))
     resources = {
         "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=str(store)),
         "raw": RawFolderResource(root=str(raw)),
     }
