@@ -30,10 +30,15 @@ from _bench import bench, ratio, touch_memory
 from zarrfeed.assets import family_assets
 from zarrfeed.assets.build import Built, materialize_partitions
 from zarrfeed.assets.metadata import partition_metadata
-from zarrfeed.definitions import RESOURCES
+from zarrfeed.families.ct import CT
 from zarrfeed.formats.discover import read_ct_rate_metadata
 from zarrfeed.jobs.discovery import discover_into
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import (
+    BuildOptions,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.hu import csv_rescale
@@ -121,15 +126,15 @@ def build_ct_scan(
     time, its asset bodies' time, the bytes it stored and the CPU time it took.  With
     ``empty`` the graph's hollow twins run instead (nothing is built or stored)."""
     resources = {
-        **RESOURCES,
+        "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=str(work / "store.zarr")),
         "raw": RawFolderResource(root=str(raw)),
-        "ct_settings": CTSettings(),  # the defaults: CT-CLIP spacing, 3 windows, 64³ occupancy
     }
     (work / "home").mkdir(parents=True)
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        assert discover_into(instance, "ct", resources["raw"], resources["zarr_store"]) == [key]
-        assets = family_assets("ct", resources)
+        assert discover_into(instance, CT, resources["raw"], resources["zarr_store"]) == [key]
+        assets = family_assets(CT, {})  # the defaults: CT-CLIP spacing, 3 windows, 64³ occupancy
         if empty:
             assets = [hollow(a) for a in assets]
         cpu, t0 = cpu_seconds(), time.perf_counter()
@@ -288,7 +293,10 @@ def backfill_seconds(work: Path, raw: Path, executor: str) -> float:
     with postgres_database() as pg, redis_database() as broker:
         env = {**pg, **broker, "ZARRFEED_EXECUTOR": executor}
         folder = work / executor
-        with ct_deployment(folder, raw, instance_yaml(production), env, workers) as (d, keys):
+        default_settings = ("-m", "zarrfeed.definitions")
+        with ct_deployment(
+            folder, raw, instance_yaml(production), env, workers, default_settings
+        ) as (d, keys):
             d.set_pool_limit("zarrfeed_io", 8)
             t0 = time.perf_counter()
             runs = d.wait_backfill(d.launch_backfill("ct_build", keys), len(keys))

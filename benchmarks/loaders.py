@@ -28,8 +28,8 @@ from _bench import bench
 from torch.utils.data import DataLoader, Dataset
 
 from zarrfeed.errors import ConfigError
+from zarrfeed.processes import usable_cpus
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
 from zarrfeed.training.data import GB
 from zarrfeed.training.data.feed import make_feed
@@ -63,7 +63,7 @@ def make_volumes(
             w.write("fraction", np.ones(per_volume, np.float32), read="rows")
         np.save(root / f"{key}.npy", vol)  # the usual baseline: uncompressed .npy, mmap'd
     store.write_dataset("ct", ["ct/windows", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"])
+    store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"], table="patches")
     return store
 
 
@@ -209,7 +209,7 @@ def cached_vs_mmap(ds: CTPatchDataset, npy: list[Path], repeats: int = 2) -> tup
     """Warm cache against ``np.load(mmap)`` at 0 workers and at one worker per usable core,
     both sides at the same count (the best of ``repeats`` each): the host path must keep up
     however many cores there are.  Returns zarrfeed's best rate and its worker count."""
-    cores, rates = usable_threads(), {}
+    cores, rates = usable_cpus(), {}
     for workers in (0, cores):
         ours = max(feed_rate(ds, workers) for _ in range(repeats))
         theirs = max(
@@ -502,30 +502,27 @@ def pss_child(work: Path, fill_gb: float) -> None:
 def spike(work: Path) -> None:
     import dagster as dg
 
-    from zarrfeed.assets import dataset_assets, family_assets
-    from zarrfeed.definitions import RESOURCES
+    from zarrfeed.assets import family_assets
+    from zarrfeed.assets.datasets import dataset_asset
+    from zarrfeed.families.spike import SPIKE
     from zarrfeed.jobs.discovery import discover_into
-    from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+    from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
     from zarrfeed.samples import make_gopro_spike
 
     raw = work / "spike_raw"
     list(make_gopro_spike(raw / "gopro-spike", 2, 8, "full", np.random.default_rng(0)))
     res = {
-        **RESOURCES,
+        "build": BuildOptions(),
         "raw": RawFolderResource(root=str(raw)),
         "zarr_store": ZarrStoreResource(url=str(work / "spike.zarr")),
     }
     (work / "home").mkdir(exist_ok=True)
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        keys = discover_into(instance, "spike", res["raw"], res["zarr_store"])
+        keys = discover_into(instance, SPIKE, res["raw"], res["zarr_store"])
         for k in keys:
-            assets = family_assets("spike", res)
+            assets = family_assets(SPIKE, {})
             dg.materialize(assets, partition_key=k, resources=res, instance=instance)
-        dg.materialize(
-            [a for a in dataset_assets if a.key.path[0] == "spike_dataset"],
-            resources=res,
-            instance=instance,
-        )
+        dg.materialize([dataset_asset(SPIKE)], resources=res, instance=instance)
     rates = {}
     for mode in ("stored", "realtime"):
         ds = SpikeClipDataset(str(work / "spike.zarr"), clip_len=3, crop=(256, 256), voxels=mode)

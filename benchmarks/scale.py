@@ -32,22 +32,26 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 import s3server  # the tests' SeaweedFS helper: started on 127.0.0.1, stopped by PID
 
 from zarrfeed.assets import family_assets
+from zarrfeed.components import family_defs
+from zarrfeed.families.ct import CT, CTSettings
 from zarrfeed.formats import write_nifti
-from zarrfeed.jobs import schedules, sensors
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.jobs.queue import BuildQueue
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import (
+    BuildOptions,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.samples import METADATA_COLUMNS, ct_rate_path, make_sample_data
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.sources.raw import source_identity
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import CT_DATASET, FAMILIES
 from zarrfeed.training import CTPatchDataset
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
 
-CT = FAMILIES["ct"]
 VERSION = "v20261122T000000000Z-00000000"  # of every synthetic partition
 REAL = 32  # raw files that are tiny real NIfTI volumes (the overhead runs read them)
 
@@ -93,7 +97,7 @@ def discovery(work: Path, n: int, more: int, resources: dict, instance) -> None:
     raw = Path(resources["raw"].root)
     make_raw(raw, 0, n)
     make_metadata(raw, n)
-    sensor = next(s for s in sensors if s.name == "ct_discovery")
+    sensor = code_location(resources).resolve_sensor_def(CT.discovery)
     first, cpu, result = tick(sensor, instance, resources)
     requested = len(result.run_requests)
     bench("scale.discovery_50k_s", first, "s",
@@ -118,7 +122,8 @@ def discovery(work: Path, n: int, more: int, resources: dict, instance) -> None:
 def overhead(work: Path, resources: dict, big: dg.DagsterInstance, runs: int) -> None:
     """Per-run wall time of the raw-ingest step (catalog lookup + hash of a tiny file) with
     every partition known vs with 100, interleaved so both see the same load."""
-    raw_scan = [a for a in family_assets("ct", resources) if a.node_def.name == "ct_raw_scan"]
+    settings = resources["ct_settings"]
+    raw_scan = [a for a in family_assets(CT, settings) if a.node_def.name == CT.raw.asset]
     (work / "home100").mkdir()
     with dg.instance_for_test(temp_dir=str(work / "home100")) as small:
         small.add_dynamic_partitions("ct_scans", [name(i) for i in range(100)])
@@ -167,7 +172,7 @@ def synthetic_commits(store: ZarrStore, instance, settings: dict, keys: list[str
                       "committed_at": "2026-11-22T00:00:00Z", "committed_unix": time.time(),
                       "zarrfeed_version": "0.1.0", "arrays": arrays,
                       "stored_bytes": int(np.prod(shape)) // 2, "attrs": attrs,
-                      "checks": dict.fromkeys(spec.checks, True)}  # fmt: skip
+                      "checks": dict.fromkeys(spec.check_names, True)}  # fmt: skip
             records[spec.path][f"{key}.json"] = json.dumps(record).encode()
     for path, objects in records.items():
         store.backend.put_many(store.backend.join(".zarrfeed", "commits", path), objects)
@@ -200,7 +205,7 @@ def timed(fn) -> tuple[float, object]:
 
 def manifests_nightly_dataset(store: ZarrStore, resources: dict, instance) -> None:
     keys = sorted(instance.get_dynamic_partitions("ct_scans"))
-    assets = [a.path for a in CT_DATASET.assets]
+    assets = [a.path for a in CT.assets]
     first, manifest = timed(lambda: store.write_dataset("ct", assets))
     bench("scale.manifest_50k_s", first, "s",
           f"the first ct dataset manifest of a store: {len(keys)} synthetic committed "
@@ -211,7 +216,7 @@ def manifests_nightly_dataset(store: ZarrStore, resources: dict, instance) -> No
           f"the next ct dataset manifest over {len(keys)} committed partitions x 4 assets after "
           f"{changed} were rebuilt: one listing per asset, only their records re-read; "
           f"{len(manifest['keys'])} keys")  # fmt: skip
-    nightly = next(s for s in schedules if s.name == "ct_nightly")
+    nightly = code_location(resources).resolve_schedule_def(CT.nightly)
 
     def evaluate() -> int:
         when = datetime(2026, 11, 23, 2)
@@ -239,15 +244,24 @@ def manifests_nightly_dataset(store: ZarrStore, resources: dict, instance) -> No
 
 
 def resources_for(store: str, raw: Path, settings: CTSettings) -> dict:
-    """The code location's resources (less the models folder, which nothing here uses)."""
-    from zarrfeed.definitions import RESOURCES
-
+    """The resources the CT family's definitions need, and its settings (``ct_settings``,
+    which the definitions take, not the runs)."""
     return {
-        **{k: v for k, v in RESOURCES.items() if k != "models"},
+        "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=store),
         "raw": RawFolderResource(root=str(raw)),
         "ct_settings": settings,
     }
+
+
+def code_location(resources: dict) -> dg.Definitions:
+    """The CT family's definitions with the settings in ``resources``."""
+    # The family's definitions bring their own hub resource; the rest comes from here.
+    runtime = {k: v for k, v in resources.items() if k not in ("ct_settings", "hf")}
+    return dg.Definitions.merge(
+        family_defs(CT, resources["ct_settings"]), dg.Definitions(resources=runtime)
+    )
 
 
 def scale(work: Path, n: int, more: int, runs: int) -> None:
@@ -258,7 +272,7 @@ def scale(work: Path, n: int, more: int, runs: int) -> None:
         overhead(work, resources, instance, runs)
         store = resources["zarr_store"].store()
         keys = sorted(instance.get_dynamic_partitions("ct_scans"))
-        synthetic_commits(store, instance, resources["ct_settings"].values(), keys)
+        synthetic_commits(store, instance, CT.values(resources["ct_settings"]), keys)
         manifests_nightly_dataset(store, resources, instance)
 
 
@@ -272,10 +286,11 @@ def s3_vs_local(work: Path, quick: bool) -> None:
     resources = resources_for(built.url, raw, settings)
     (work / "home3").mkdir()
     with dg.instance_for_test(temp_dir=str(work / "home3")) as instance:
-        keys = discover_into(instance, "ct", resources["raw"], resources["zarr_store"])
-        assets = family_assets("ct", resources)
+        keys = discover_into(instance, CT, resources["raw"], resources["zarr_store"])
+        assets = family_assets(CT, settings)
+        runtime = {k: v for k, v in resources.items() if k != "ct_settings"}
         for key in keys:
-            dg.materialize(assets, partition_key=key, resources=resources, instance=instance)
+            dg.materialize(assets, partition_key=key, resources=runtime, instance=instance)
     parts = [(spec.path, key) for spec in CT.assets for key in built.list_partitions(spec.path)]
     data = {
         (a, k): (built.commit_record(a, k), {n: built.read_array(a, k, n)

@@ -23,11 +23,17 @@ import torch
 from _bench import GpuUtilisation, bench
 from torch.utils.data import Dataset, default_collate
 
-from zarrfeed.assets import dataset_assets, family_assets
-from zarrfeed.definitions import RESOURCES
+from zarrfeed.assets import family_assets
+from zarrfeed.assets.datasets import dataset_asset
+from zarrfeed.families.ct import CT
 from zarrfeed.formats.discover import read_ct_rate_metadata
 from zarrfeed.jobs.discovery import discover_into
-from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+from zarrfeed.resources import (
+    BuildOptions,
+    HuggingFaceResource,
+    RawFolderResource,
+    ZarrStoreResource,
+)
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
 from zarrfeed.training.tasks import CTClassification
@@ -36,7 +42,7 @@ from zarrfeed.transforms.hu import csv_rescale
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
-SPACING = (1.5, 0.75, 0.75)  # CTSettings' default (CT-CLIP)
+SPACING = (1.5, 0.75, 0.75)  # the CT settings' default (CT-CLIP)
 
 
 class NaiveCTPatches(Dataset):
@@ -98,19 +104,19 @@ def build_store(work: Path, scans: int, size: str = "small") -> tuple[Path, Path
     raw, store = work / "raw", work / "store.zarr"
     list(make_ct_rate(raw / "ct-rate", scans, size, np.random.default_rng(0)))
     resources = {
-        **RESOURCES,
+        "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=str(store)),
         "raw": RawFolderResource(root=str(raw)),
-        "ct_settings": CTSettings(windows=["lung"]),
     }
     (work / "home").mkdir()
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        keys = discover_into(instance, "ct", resources["raw"], resources["zarr_store"])
-        ct_assets = family_assets("ct", resources)
+        keys = discover_into(instance, CT, resources["raw"], resources["zarr_store"])
+        ct_assets = family_assets(CT, {"windows": ["lung"]})
         for key in keys:
             assert dg.materialize(ct_assets, partition_key=key, resources=resources,
                                   instance=instance).success  # fmt: skip
-        ct_dataset = [a for a in dataset_assets if a.key.path == ["ct_dataset"]]
+        ct_dataset = [dataset_asset(CT)]
         assert dg.materialize(ct_dataset, resources=resources, instance=instance).success
     return raw, store
 

@@ -5,16 +5,15 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-from graph import build, build_datasets, discover
+from graph import FAMILIES, base_resources, build, build_datasets, discover
 
-from zarrfeed.definitions import RESOURCES
-from zarrfeed.resources import CTSettings, ModelsResource, RawFolderResource, ZarrStoreResource
-from zarrfeed.store.contract import FAMILIES
+from zarrfeed.families.ct import CTSettings
+from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
 
 
 def main(raw: str, store: str, home: str) -> None:
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "zarr_store": ZarrStoreResource(url=store),
         "raw": RawFolderResource(root=raw),
         "models": ModelsResource(root=str(Path(home) / "models")),

@@ -85,14 +85,15 @@ def dagster_env(tmp_path: Path, sample_dir: Path):
     """(raw folder, resources, instance): a copy of the sample data, a store and a real
     Dagster instance in a temporary DAGSTER_HOME, with small CT settings for speed."""
     import dagster as dg
+    from graph import base_resources
 
-    from zarrfeed.definitions import RESOURCES
-    from zarrfeed.resources import CTSettings, ModelsResource, RawFolderResource, ZarrStoreResource
+    from zarrfeed.families.ct import CTSettings
+    from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
 
     raw = tmp_path / "raw"
     shutil.copytree(sample_dir, raw)
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "zarr_store": ZarrStoreResource(url=str(tmp_path / "store.zarr")),
         "raw": RawFolderResource(root=str(raw)),
         "models": ModelsResource(root=str(tmp_path / "models")),

@@ -192,9 +192,14 @@ class Deployment:
     Dagster's telemetry uploader owns ``$DAGSTER_HOME/logs`` and moves it away).
     """
 
-    def __init__(self, home: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        home: Path,
+        env: Mapping[str, str],
+        location: Sequence[str] = ("-m", "zarrfeed.definitions"),
+    ) -> None:
         path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # dagster-celery runs `celery`
-        self.home = home
+        self.home, self.location = home, location
         self.env = {**os.environ, **env, "DAGSTER_HOME": str(home), "PATH": path}
         self.logs = home / "process_logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -234,9 +239,8 @@ class Deployment:
         return proc
 
     def start_code_server(self) -> None:
-        self.spawn("code_server", BIN / "dagster", "code-server", "start", "-m",
-                   "zarrfeed.definitions", "-h", HOST, "-p", str(self.code_port),
-                   "--location-name", LOCATION)  # fmt: skip
+        self.spawn("code_server", BIN / "dagster", "code-server", "start", *self.location,
+                   "-h", HOST, "-p", str(self.code_port), "--location-name", LOCATION)  # fmt: skip
 
     def start_webserver(self) -> None:
         self.spawn("webserver", BIN / "dagster-webserver", "-h", HOST, "-p", str(self.web_port),

@@ -6,24 +6,18 @@ from datetime import datetime
 import dagster as dg
 import numpy as np
 import pytest
-from graph import build, checks, discover, failure
+from graph import build, checks, discover, failure, family_assets, runtime, schedule, sensor
 
-from zarrfeed.assets import family_assets
+from zarrfeed.families.ct import CTSettings
 from zarrfeed.formats import write_nifti
-from zarrfeed.jobs import schedules, sensors
-from zarrfeed.resources import CTSettings
 
 KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 
 
-def sensor(name):
-    return next(s for s in sensors if s.name == name)
-
-
 def test_discovery_sensor_adds_partitions_requests_runs_and_reports_gone_sources(dagster_env):
     raw, resources, instance = dagster_env
-    ct_discovery = sensor("ct_discovery")
-    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    ct_discovery = sensor(resources, "ct_discovery")
+    ctx = dg.build_sensor_context(instance=instance, resources=runtime(resources))
     result = ct_discovery(ctx)
     assert sorted(r.partition_key for r in result.run_requests) == KEYS
     assert result.dynamic_partitions_requests[0].partition_keys == KEYS
@@ -112,11 +106,13 @@ def test_changes_make_exactly_the_affected_partitions_stale_and_the_nightly_rebu
     discover(instance, resources, "ct")
     for key in ("train_1_a_1", "train_2_a_1"):
         build(resources, instance, "ct", key)
-    nightly = next(s for s in schedules if s.name == "ct_nightly")
 
-    def requested(res):
+    def requested(res):  # the nightly schedule of the definitions ``res`` gives settings for
+        nightly = schedule(res, "ct_nightly")
         with dg.build_schedule_context(
-            instance=instance, resources=res, scheduled_execution_time=datetime(2026, 11, 22, 2)
+            instance=instance,
+            resources=runtime(res),
+            scheduled_execution_time=datetime(2026, 11, 22, 2),
         ) as ctx:
             out = nightly(ctx)
         if isinstance(out, dg.SkipReason):
@@ -126,7 +122,7 @@ def test_changes_make_exactly_the_affected_partitions_stale_and_the_nightly_rebu
     missing = {"train_1_a_2": "ct_hu missing", "valid_1_a_1": "ct_hu missing"}
     assert requested(resources) == missing
     # A changed setting: a new code version for exactly the assets that declare it …
-    values = {**resources["ct_settings"].values(), "sparse_threshold": 0.7}
+    values = {**resources["ct_settings"].model_dump(), "sparse_threshold": 0.7}
     changed = {**resources, "ct_settings": CTSettings(**values)}
     before = {a.node_def.name: a for a in family_assets("ct", resources)}
     after = {a.node_def.name: a for a in family_assets("ct", changed)}
@@ -154,6 +150,6 @@ def test_changes_make_exactly_the_affected_partitions_stale_and_the_nightly_rebu
     for key in ("train_1_a_1", "train_2_a_1"):
         old = latest(instance, "ct_raw_scan", key).tags["dagster/data_version"]
         raw_scan = [a for a in family_assets("ct", resources) if a.node_def.name == "ct_raw_scan"]
-        dg.materialize(raw_scan, partition_key=key, resources=resources, instance=instance)
+        dg.materialize(raw_scan, partition_key=key, resources=runtime(resources), instance=instance)
         new = latest(instance, "ct_raw_scan", key).tags["dagster/data_version"]
         assert (new != old) == (key == "train_2_a_1")  # so only its ct_hu is stale in the UI

@@ -8,11 +8,18 @@ import dagster as dg
 import numpy as np
 import pytest
 import zarr
-from graph import build, build_datasets, checks, discover, failure
+from graph import (
+    build,
+    build_datasets,
+    checks,
+    discover,
+    failure,
+    family_assets,
+    schedule,
+    sensor,
+)
 
-from zarrfeed.assets import family_assets
 from zarrfeed.formats import read_dat, read_image
-from zarrfeed.jobs import schedules, sensors
 from zarrfeed.resources import BuildOptions
 from zarrfeed.transforms.spike import voxel_bins
 
@@ -21,15 +28,11 @@ IMAGE_KEYS = ["inspection_test", "inspection_train"]
 CT_KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 
 
-def by_name(defs, name):
-    return next(d for d in defs if d.name == name)
-
-
 def test_discovery_sensors_find_spike_sequences_and_image_sets(dagster_env):
     _, resources, instance = dagster_env
     ctx = dg.build_sensor_context(instance=instance, resources=resources)
     for name, keys in (("spike_discovery", SPIKE_KEYS), ("images_discovery", IMAGE_KEYS)):
-        result = by_name(sensors, name)(ctx)
+        result = sensor(resources, name)(ctx)
         assert sorted(r.partition_key for r in result.run_requests) == keys
         assert result.dynamic_partitions_requests[0].partition_keys == keys
 
@@ -59,7 +62,7 @@ def test_spike_and_image_families_match_their_sources_and_reach_the_datasets(dag
     result = build_datasets(resources, instance)
     assert all(checks(result).values())
     assert store.read_manifest("spike")["keys"] == SPIKE_KEYS
-    assert store.read_manifest("image")["keys"] == IMAGE_KEYS
+    assert store.read_manifest("images")["keys"] == IMAGE_KEYS
     ct = store.read_manifest("ct")
     assert ct["keys"] == ["train_1_a_1"]
     assert set(ct["assets"]) == {"ct/hu", "ct/windows", "ct/sparse", "ct/patches"}
@@ -135,7 +138,7 @@ def test_batched_run_builds_many_partitions_and_names_the_bad_one(dagster_env):
 def test_nightly_schedule_requests_missing_and_changed_partitions(dagster_env):
     raw, resources, instance = dagster_env
     discover(instance, resources, "spike")
-    nightly = by_name(schedules, "spike_nightly")
+    nightly = schedule(resources, "spike_nightly")
 
     def requested():
         with dg.build_schedule_context(

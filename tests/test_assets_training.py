@@ -5,18 +5,21 @@ import base64
 
 import dagster as dg
 import pytest
+from graph import base_resources
+from graph import dataset_assets as all_dataset_assets
+from graph import model_assets as all_model_assets
 
-from zarrfeed.assets import dataset_assets, model_assets
-from zarrfeed.definitions import RESOURCES
 from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
 from zarrfeed.training.tasks import TASK_TYPES
+
+dataset_assets, model_assets = all_dataset_assets(), all_model_assets()
 
 
 @pytest.fixture
 def trained_env(built, tmp_path):
     store, raw = built
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "zarr_store": ZarrStoreResource(url=store.url),
         "raw": RawFolderResource(root=str(raw)),
         "models": ModelsResource(root=str(tmp_path / "models")),
@@ -63,7 +66,7 @@ def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path)
         assert {k for k in settings if k.startswith("data.")} == own  # no other task's fields
         trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
         assert int(trained_on["partitions"]) > 0 and len(trained_on["manifest_sha256"]) == 16
-        assert trained_on[f"data version of {TASK_TYPES[task].family}_dataset"] != "None"
+        assert trained_on[f"data version of {TASK_TYPES[task].family.dataset_asset}"] != "None"
         assert ("auroc_per_finding" in meta) == (task == "ct_classifier")
         checkpoint = meta["dagster/uri"].value
         assert meta["checkpoint"].value == checkpoint
@@ -79,8 +82,8 @@ def test_training_runs_on_a_dataset_update_despite_a_missing_partition(trained_e
     first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
     # a new image set is discovered but not built yet: eager() would wait for it forever
     instance.add_dynamic_partitions("image_sets", ["not_built_yet"])
-    image_dataset = next(a for a in dataset_assets if a.key.path == ["image_dataset"])
-    assert dg.materialize([image_dataset], resources=resources, instance=instance).success
+    images_dataset = next(a for a in dataset_assets if a.key.path == ["images_dataset"])
+    assert dg.materialize([images_dataset], resources=resources, instance=instance).success
     after = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
     assert after.get_num_requested(model) == 1
     others = [a.key for a in model_assets if a.key != model]

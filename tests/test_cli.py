@@ -121,9 +121,7 @@ def test_nightly_and_verify_on_an_images_store(dagster_env):
 
     import dagster as dg
     from graph import build, discover
-
-    from zarrfeed.definitions import defs
-    from zarrfeed.jobs.nightly import nightly_schedule
+    from graph import schedule as nightly_of
 
     raw, resources, instance = dagster_env
     shutil.rmtree(raw / "ct-rate")
@@ -131,7 +129,7 @@ def test_nightly_and_verify_on_an_images_store(dagster_env):
     for key in discover(instance, resources, "images"):
         assert build(resources, instance, "images", key).success
     instance.add_dynamic_partitions("image_sets", ["inspection_tset"])  # a typo in the UI
-    schedule = nightly_schedule("images", defs.resolve_job_def("images_build"))
+    schedule = nightly_of(resources, "images_nightly")
     context = dg.build_schedule_context(
         instance=instance, resources=resources, scheduled_execution_time=datetime(2026, 1, 1)
     )
@@ -183,7 +181,7 @@ def test_a_mistyped_store_or_an_unwritable_path_fails_in_one_line(tmp_path):
 def test_the_one_line_cause_is_the_message_that_names_the_file():
     from types import SimpleNamespace as Error
 
-    from zarrfeed.demo import root_cause
+    from zarrfeed.errors import root_cause
 
     gzip = Error(cls_name="BadGzipFile", message="BadGzipFile: stream ended early", cause=None)
     ours = Error(
@@ -208,7 +206,7 @@ def test_the_one_line_cause_is_the_message_that_names_the_file():
 def test_an_interrupted_run_stops_the_demo():
     import dagster as dg
 
-    from zarrfeed.demo import run
+    from zarrfeed.commands.demo import run
 
     @dg.op
     def interrupted() -> None:

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from graph import build, discover, failure, materialize
 
-from zarrfeed.assets.datasets import ct_dataset
+from zarrfeed.assets.datasets import dataset_asset
+from zarrfeed.families.ct import CT
 from zarrfeed.samples import make_ct_faults, make_ct_sources
 
 GOOD = {  # key -> (HU decided by, intercept it applied)
@@ -46,6 +47,6 @@ def test_every_ct_source_feeds_one_graph_and_bad_items_fail_alone(dagster_env):
     assert "twin_scan.nii.gz" in failure(
         build(resources, instance, "ct", "twin_scan", raise_on_error=False)
     )  # both files named
-    assert materialize([ct_dataset], instance, resources=resources).success
+    assert materialize([dataset_asset(CT)], instance, resources=resources).success
     manifest = store.read_manifest("ct")
     assert set(GOOD) <= set(manifest["keys"]) and not set(BAD) & set(manifest["keys"])

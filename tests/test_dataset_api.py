@@ -183,7 +183,7 @@ def phantom(root: Path, shape=(32, 64, 64), patch=(8, 16, 16), grid=16) -> ZarrS
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
     store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins"])
+    store.consolidate("ct", "ct/patches", keys, ["origins"], table="patches")
     return store
 
 

@@ -19,6 +19,7 @@ from ct_builds import ct_raw, register
 from services import postgres_database, wait_for
 
 from zarrfeed.commands.status import partition_states
+from zarrfeed.families.ct import CT
 from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrator_pid
 from zarrfeed.processes import HOST_TAG, host_identity
 
@@ -43,13 +44,13 @@ storage:
       db_name: {env: DAGSTER_PG_DB}
 """
 )
-# Runs the demo's way (``zarrfeed.demo.run``: execute_in_process) in a fresh interpreter.
+# Runs the demo's way (``zarrfeed.commands.demo.run``: execute_in_process) in a fresh interpreter.
 DEMO_RUN = """
 import sys, dagster as dg
 from zarrfeed.definitions import defs
-from zarrfeed.demo import run
+from zarrfeed.commands.demo import run
 with dg.DagsterInstance.get() as instance:
-    run(defs.resolve_job_def("ct_build"), instance, "ct", sys.argv[1], partition_key=sys.argv[1])
+    run(defs().resolve_job_def("ct_build"), instance, "ct", sys.argv[1], partition_key=sys.argv[1])
 """
 
 
@@ -99,7 +100,7 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
                 wait_for(lambda: failed(instance, run.run_id), 60, "the dead run failed", 5)
                 assert time.monotonic() - killed < 60
                 assert instance.get_runs_count(dg.RunsFilter(statuses=IN_PROGRESS)) == 0
-                cause = partition_states(instance, "ct", [key])[key]  # as `status` says it
+                cause = partition_states(instance, CT, [key])[key]  # as `status` says it
                 assert f"pid {pid}" in cause and "is gone" in cause, cause
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)  # orphaned step processes too

@@ -79,8 +79,9 @@ def launch(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_dg_launch_materialises_a_partition_and_unchanged_data_retrains_nothing(demo):
     tmp, env, _ = demo
-    from zarrfeed.definitions import defs
+    from zarrfeed.definitions import defs as code_location
 
+    defs = code_location()
     with instance_at(env["DAGSTER_HOME"]) as instance:
         before = dg.evaluate_automation_conditions(defs=defs, instance=instance)
         runs = len(instance.get_runs())
@@ -114,7 +115,7 @@ def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo):
     with instance_at(env["DAGSTER_HOME"]) as instance:
         before = instance.get_latest_materialization_event(model).run_id
     with start_dagster_dev(env, tmp / "dagster_dev.log"):
-        # a new inspection set: discovery → images_build → image_dataset → the model
+        # a new inspection set: discovery → images_build → images_dataset → the model
         raw = Path(env["ZARRFEED_RAW"]) / "inspection"
         shutil.copytree(raw / "test", raw / "extra")
 

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 import yaml
 from crash import POLL_S, crash_and_recover
-from ct_builds import SMALL_CT, ct_deployment, ct_raw, embedded_build, store_arrays
+from ct_builds import ct_deployment, ct_raw, embedded_build, store_arrays
 from services import REPO, instance_yaml, postgres_database, redis_database
 
 pytestmark = pytest.mark.slow
@@ -37,9 +37,9 @@ def test_backfill_on_two_celery_workers_builds_the_embedded_store(celery, tmp_pa
     d, raw, keys = celery
     backfilled = keys[:8]
     t0 = time.perf_counter()
-    backfill = d.launch_backfill("ct_build", backfilled, SMALL_CT)
+    backfill = d.launch_backfill("ct_build", backfilled, {})
     embedded = str(tmp_path / "embedded.zarr")
-    embedded_build(raw, embedded, tmp_path / "embedded_home", SMALL_CT, backfilled)
+    embedded_build(raw, embedded, tmp_path / "embedded_home", {}, backfilled)
     runs = d.wait_backfill(backfill, 8)
     seconds = time.perf_counter() - t0
     with d.instance() as instance:
@@ -64,5 +64,5 @@ def test_backfill_on_two_celery_workers_builds_the_embedded_store(celery, tmp_pa
 def test_crashed_runs_and_workers_do_not_block_the_queue(celery):
     d, raw, keys = celery
     victims = {k: next(raw.rglob(f"{k}.nii.gz")) for k in keys[8:10]}
-    seconds = crash_and_recover(d, victims, SMALL_CT, workers=WORKERS)
+    seconds = crash_and_recover(d, victims, {}, workers=WORKERS)
     print(f"crashed runs failed {seconds}")

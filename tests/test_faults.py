@@ -15,20 +15,20 @@ import dagster as dg
 import nibabel as nib
 import numpy as np
 import pytest
-from graph import build, checks, discover, failure, materialize
+from graph import FAMILIES, build, checks, discover, failure, materialize, sensor
 
-from zarrfeed.assets import SETTINGS
-from zarrfeed.assets.datasets import ct_dataset
+from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.commands.status import family_status
-from zarrfeed.definitions import RESOURCES
 from zarrfeed.errors import InputError
+from zarrfeed.families.ct import CT, CTSettings
 from zarrfeed.formats import read_nifti, write_nifti
-from zarrfeed.jobs import sensors
 from zarrfeed.processes import host_identity, process_alive, rebooted
-from zarrfeed.resources import CTSettings, RawFolderResource
+from zarrfeed.resources import RawFolderResource
 from zarrfeed.samples import ct_phantom
 from zarrfeed.sources.raw import SourceWatch
 from zarrfeed.transforms import hu
+
+ct_dataset = dataset_asset(CT)
 
 
 def test_the_suggested_hu_override_lets_an_airless_crop_into_the_dataset(dagster_env, tmp_path):
@@ -78,7 +78,7 @@ def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_reso
     store = resources["zarr_store"].store()
     assert materialize([ct_dataset], instance, resources=resources).success
     assert store.read_manifest("ct")["keys"] == ["valid_1_a_1"]
-    ct_discovery = next(s for s in sensors if s.name == "ct_discovery")
+    ct_discovery = sensor(resources, "ct_discovery")
     ctx = dg.build_sensor_context(instance=instance, resources=resources)
     (raw / "elsewhere").mkdir()
     original = next(raw.rglob("valid_1_a_1.nii.gz"))
@@ -89,7 +89,7 @@ def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_reso
         if isinstance(result, dg.SkipReason):
             return []
         ctx.update_cursor(result.cursor)  # what the daemon keeps between ticks
-        return [r for r in result.run_requests if r.job_name == "datasets_build"]
+        return [r for r in result.run_requests if r.job_name == CT.dataset_job]
 
     (refresh,) = dataset_requests()
     assert refresh.asset_selection == [dg.AssetKey("ct_dataset")]
@@ -98,7 +98,7 @@ def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_reso
     assert manifest["keys"] == []
     assert "elsewhere/valid_1_a_1.nii.gz" in " ".join(manifest["failed"]["valid_1_a_1"])
     catalog = resources["zarr_store"].catalog("ct")
-    _, entries = family_status("ct", store, catalog, CTSettings().values(), None, {})
+    _, entries = family_status(CT, store, catalog, CT.values(), None, {})
     (conflict,) = [e for e in entries if e.state == "conflict"]
     assert conflict.keys == ["valid_1_a_1"] and "rename one" in conflict.fix
     assert dataset_requests() == []  # nothing new: no second refresh
@@ -123,21 +123,22 @@ def test_a_spike_sequence_missing_a_dat_beside_a_stray_file_fails_naming_it(dags
 
 def test_a_file_that_vanishes_or_changes_during_a_build_is_named(dagster_env):
     resources = dagster_env[1]
-    items = resources["raw"].scan("spike")
+    spike, ct_family = FAMILIES["spike"], FAMILIES["ct"]
+    items = resources["raw"].scan(spike)
     item = items["train_GOPR0372_07_00"]
-    watch = SourceWatch(item)
+    watch = SourceWatch(item, spike.raw.files(item))
     watch.verify()  # unchanged: nothing to say
     dat = Path(item.location) / "spike_packed/000001.dat"
     dat.write_bytes(dat.read_bytes()[::-1])
     os.utime(dat, ns=(1, 1))
     with pytest.raises(InputError, match=r"000001\.dat.*it changed during the build"):
         watch.verify()
-    watch = SourceWatch(item)
+    watch = SourceWatch(item, spike.raw.files(item))
     (Path(item.location) / "sharp/000002.png").unlink()
     with pytest.raises(InputError, match=r"000002\.png.*it vanished during the build"):
         watch.verify()
-    ct = resources["raw"].scan("ct")["valid_1_a_1"]
-    watch = SourceWatch(ct)
+    ct = resources["raw"].scan(ct_family)["valid_1_a_1"]
+    watch = SourceWatch(ct, ct_family.raw.files(ct))
     os.replace(Path(ct.location), Path(ct.location).with_suffix(".gz.old"))
     with pytest.raises(InputError, match=r"valid_1_a_1\.nii\.gz.*vanished"):
         watch.verify()
@@ -148,7 +149,7 @@ def test_broken_entries_are_reported_and_skipped_and_every_family_still_discover
 ):
     raw, resources, instance = dagster_env
     folder = RawFolderResource(root=str(raw))
-    good = {family: sorted(folder.scan(family)) for family in ("ct", "spike", "images")}
+    good = {family: sorted(folder.scan(FAMILIES[family])) for family in ("ct", "spike", "images")}
     assert all(good.values())
     ct_folder = next(raw.rglob("valid_1_a_1.nii.gz")).parent
     (raw / "loop").symlink_to(raw / "loop")  # a folder-level loop at the root
@@ -173,19 +174,19 @@ def test_broken_entries_are_reported_and_skipped_and_every_family_still_discover
         "images": ["loop", "gone.png", "locked"],
     }
     for family, keys in good.items():
-        sensor = next(s for s in sensors if s.name == f"{family}_discovery")
+        discovery = sensor(resources, f"{family}_discovery")
         ctx = dg.build_sensor_context(instance=instance, resources=resources)
-        result = sensor(ctx)  # no error: every good item is found and requested
+        result = discovery(ctx)  # no error: every good item is found and requested
         assert sorted(r.partition_key for r in result.run_requests) == keys, family
-        skipped = folder.scan(family).skipped
+        skipped = folder.scan(FAMILIES[family]).skipped
         text = " ".join(f"{p}: {why}" for p, why in skipped.items())
         for name in expected_skips[family]:
             assert name in text, (family, name, text)
         assert "Too many levels of symbolic links" in text
         catalog = resources["zarr_store"].catalog(family)
-        settings = RESOURCES[SETTINGS[family]].values()
+        settings = FAMILIES[family].values()
         store = resources["zarr_store"].store()
-        _, entries = family_status(family, store, catalog, settings, None, {})
+        _, entries = family_status(FAMILIES[family], store, catalog, settings, None, {})
         (unreadable,) = [e for e in entries if e.state == "unreadable"]
         assert str(raw / "loop") in unreadable.keys
 
@@ -221,10 +222,9 @@ def test_a_gzip_bomb_beyond_a_plausible_ct_is_refused_naming_the_file_and_bound(
 
 
 BOMB_UNDER_LIMIT = """
-import resource, sys
+import resource, sys, psutil
 from zarrfeed.formats import read_nifti
-from zarrfeed.formats.limits import _self_vm_bytes
-resource.setrlimit(resource.RLIMIT_AS, (_self_vm_bytes() + (2 << 30),) * 2)
+resource.setrlimit(resource.RLIMIT_AS, (psutil.Process().memory_info().vms + (2 << 30),) * 2)
 try:
     read_nifti(sys.argv[1]).to_hu()
 except Exception as exc:

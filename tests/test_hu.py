@@ -180,3 +180,17 @@ def test_the_sample_takes_one_voxel_per_run_whatever_the_memory_layout(chest):
     np.testing.assert_array_equal(
         np.floor(positions / run).astype(np.int64), np.arange(hu.EVIDENCE_VOXELS)
     )
+
+
+def test_the_ct_settings_refuse_a_malformed_hu_override_when_loaded():
+    """A typo in the CT component's hu_overrides fails the code location's load, naming the
+    scan, instead of failing that scan's partition later."""
+    from pydantic import ValidationError
+
+    from zarrfeed.families.ct import CT, CTSettings
+
+    given = {"a": "hu", "b": {"slope": 1, "intercept": -1024}}
+    assert CTSettings(hu_overrides=given).hu_overrides == given  # kept as written
+    for bad in ("HU", {"slope": 1}):
+        with pytest.raises(ValidationError, match=r"HU override for 'k'.*'hu' or"):
+            CT.values({"hu_overrides": {"k": bad}})

@@ -11,23 +11,17 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pytest
-from graph import build, checks, failure
+from graph import base_resources, build, checks, failure
 from huggingface_hub import constants
 from mockhub import SHA, MockHub
 
-from zarrfeed.assets.datasets import ct_dataset
-from zarrfeed.assets.hub import hub_ct_catalog
-from zarrfeed.assets.partitions import ct_scans
-from zarrfeed.assets.raw import resolve
-from zarrfeed.definitions import RESOURCES
+from zarrfeed.assets.datasets import dataset_asset
+from zarrfeed.assets.hub import hub_asset
 from zarrfeed.errors import InputError
+from zarrfeed.families import Inputs
+from zarrfeed.families.ct import CT, CTSettings
 from zarrfeed.formats.discover import read_ct_rate_labels
-from zarrfeed.resources import (
-    CTSettings,
-    HuggingFaceResource,
-    RawFolderResource,
-    ZarrStoreResource,
-)
+from zarrfeed.resources import HuggingFaceResource, RawFolderResource, ZarrStoreResource
 from zarrfeed.sources import CTRateHub, HubError
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.sources.hub import LISTING_FORMAT
@@ -35,6 +29,7 @@ from zarrfeed.sources.raw import hub_items, hub_origin
 from zarrfeed.store import ZarrStore
 
 REPO = "ibrahimhamamci/CT-RATE"
+ct_dataset, hub_ct_catalog = dataset_asset(CT), hub_asset(CT)
 TOKEN = "hf_testsecret_DO_NOT_LEAK_4242"
 TRAIN = ["train_1_a_1", "train_1_a_2", "train_2_a_1"]
 
@@ -94,10 +89,11 @@ def test_two_hub_paths_with_one_key_fail_that_partition_naming_both(hub, monkeyp
     catalog = RawCatalog(ZarrStore(tmp_path / "store.zarr").backend, "ct")
     changes = catalog.update(hub_origin(h), hub_items(h, sha, volumes, {}))
     assert changes.conflicts == ["train_1_a_2"]
+    inputs = Inputs(CT, ZarrStore(tmp_path / "store.zarr"), catalog, {})
     for key in ("train_1_a_1", "train_2_a_1"):
-        assert resolve(catalog, key).location.endswith(f"{key}.nii.gz")
+        assert inputs.item(key).location.endswith(f"{key}.nii.gz")
     with pytest.raises(InputError) as err:
-        resolve(catalog, "train_1_a_2")
+        inputs.item("train_1_a_2")
     assert "train_1_a_2.nii.gz" in str(err.value) and "train 1_a_2.nii.gz" in str(err.value)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the saved listing keeps it
     assert client(server, tmp_path).volumes()[1]["train_1_a_2"].conflict == twin.conflict
@@ -177,10 +173,9 @@ def test_hub_volumes_are_ct_scans_built_by_the_ct_graph_and_never_record_the_tok
         cache_dir=str(tmp_path / "hf"),
         endpoint=server.url,
         max_scans=2,
-        download_retries=1,
     )
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "hf": hf,
         "zarr_store": ZarrStoreResource(url=str(tmp_path / "store.zarr")),
         "raw": RawFolderResource(root=str(tmp_path / "no-raw-folder")),
@@ -192,7 +187,7 @@ def test_hub_volumes_are_ct_scans_built_by_the_ct_graph_and_never_record_the_tok
     with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
         result = dg.materialize([hub_ct_catalog], resources=resources, instance=instance)
         assert result.success
-        assert instance.get_dynamic_partitions(ct_scans.name) == TRAIN[:2]  # CT scans
+        assert instance.get_dynamic_partitions(CT.partitions) == TRAIN[:2]  # CT scans
         catalog = store.open_partition("hub/catalog", "train")
         _, rows = read_ct_rate_labels(repo)
         np.testing.assert_array_equal(catalog["labels"][...], [rows[k] for k in TRAIN[:2]])
@@ -227,7 +222,6 @@ def test_hub_volumes_are_ct_scans_built_by_the_ct_graph_and_never_record_the_tok
             cache_dir=str(tmp_path / "hf"),
             endpoint=closed_port(),
             max_scans=2,
-            download_retries=1,
         )
         r = build({**resources, "hf": offline_hf}, instance, "ct", TRAIN[1], raise_on_error=False)
         assert not r.success and not store.has_partition("ct/hu", TRAIN[1])

@@ -28,4 +28,4 @@ def test_training_and_sources_do_not_import_dagster():
 def test_definitions_load():
     # A fresh interpreter: Dagster's process-global definitions state from other tests'
     # (closed) instances must not decide this.
-    imported_after("from zarrfeed.definitions import defs; defs.resolve_all_job_defs()")
+    imported_after("from zarrfeed.definitions import defs; defs().resolve_all_job_defs()")

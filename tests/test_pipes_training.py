@@ -13,23 +13,25 @@ import dagster as dg
 import pytest
 import yaml
 from dagsterdev import wait_for
+from graph import base_resources
 from procs import descendants
 
-from zarrfeed.assets import dataset_assets, model_assets
+from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.assets.torchrun import TorchrunResource
-from zarrfeed.definitions import RESOURCES
+from zarrfeed.assets.training import model_asset
+from zarrfeed.families.ct import CT
 from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
 
 pytestmark = pytest.mark.slow
-MODEL = next(a for a in model_assets if a.key.path == ["ct_classifier_model"])
-DATASET = next(a for a in dataset_assets if a.key.path == ["ct_dataset"])
+MODEL = model_asset("ct_classifier")
+DATASET = dataset_asset(CT)
 
 
 def run(built, tmp_path, nproc: int, **train) -> tuple[dg.ExecuteInProcessResult, list[str]]:
     """Materialise the CT classifier on ``nproc`` ranks: the result and the run's log lines."""
     store, raw = built
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "zarr_store": ZarrStoreResource(url=store.url),
         "raw": RawFolderResource(root=str(raw)),
         "models": ModelsResource(root=str(tmp_path / "models")),
@@ -73,11 +75,11 @@ def test_two_gloo_ranks_report_through_rank_0_and_the_command_reruns_outside(bui
     config["train"]["steps"] = 8
     (run_dir / "train.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
-    code = "import sys, zarrfeed.pipes_training; assert 'dagster' not in sys.modules"
+    code = "import sys, zarrfeed.training.pipes; assert 'dagster' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "zarrfeed.pipes_training", "--config", str(run_dir / "train.yaml")],
+         "-m", "zarrfeed.training.pipes", "--config", str(run_dir / "train.yaml")],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -100,7 +102,7 @@ def test_a_killed_training_process_fails_the_step_with_its_last_lines(built, tmp
 
         def training_rank() -> int | None:
             started = any("step 3 |" in p.read_text() for p in logs.rglob("0/stdout.log"))
-            ranks = [p for p, cmd in descendants(os.getpid()) if "zarrfeed.pipes_training" in cmd
+            ranks = [p for p, cmd in descendants(os.getpid()) if "zarrfeed.training.pipes" in cmd
                      and "torch.distributed.run" not in cmd]  # fmt: skip
             return ranks[0] if started and ranks else None
 

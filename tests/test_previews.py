@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from zarrfeed.previews import CELL, busiest_slice, oriented_views, volume_png
+from zarrfeed.formats.previews import CELL, busiest_slice, oriented_views, volume_png
 
 
 def marked_volume() -> np.ndarray:

@@ -5,10 +5,10 @@ and their retries complete the partitions."""
 import pytest
 import yaml
 from crash import POLL_S, crash_and_recover
-from ct_builds import SMALL_CT, ct_deployment, ct_raw
+from ct_builds import ct_deployment, ct_raw
 from services import instance_yaml
 
-from zarrfeed.demo import prepare_home
+from zarrfeed.commands.demo import prepare_home
 
 pytestmark = pytest.mark.slow
 
@@ -30,5 +30,5 @@ def embedded(tmp_path_factory):
 def test_crashed_runs_of_the_demo_instance_do_not_block_its_queue(embedded):
     d, raw, keys = embedded
     victims = {keys[0]: next(raw.rglob(f"{keys[0]}.nii.gz"))}
-    seconds = crash_and_recover(d, victims, SMALL_CT)
+    seconds = crash_and_recover(d, victims, {})
     print(f"crashed runs failed {seconds}")

@@ -234,16 +234,17 @@ def graph_env(server, tmp_path, sample_dir, monkeypatch):
     import shutil
 
     import dagster as dg
+    from graph import base_resources
 
-    from zarrfeed.definitions import RESOURCES
-    from zarrfeed.resources import CTSettings, RawFolderResource, ZarrStoreResource
+    from zarrfeed.families.ct import CTSettings
+    from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
     raw = tmp_path / "raw"
     shutil.copytree(sample_dir, raw)
     resources = {
-        **RESOURCES,
+        **base_resources(),
         "zarr_store": ZarrStoreResource(url=f"s3://{BUCKET}/graph-{uuid.uuid4().hex[:8]}"),
         "raw": RawFolderResource(root=str(raw)),
         "ct_settings": CTSettings(
@@ -260,7 +261,8 @@ def test_the_ct_graph_builds_into_a_bucket_and_trains_from_it(s3_env, weed):
     import dagster as dg
     from graph import build, checks, discover
 
-    from zarrfeed.assets.datasets import ct_dataset as ct_dataset_asset
+    from zarrfeed.assets.datasets import dataset_asset
+    from zarrfeed.families.ct import CT
     from zarrfeed.resources import BuildOptions
     from zarrfeed.training import CTPatchDataset, make_loader
 
@@ -279,7 +281,7 @@ def test_the_ct_graph_builds_into_a_bucket_and_trains_from_it(s3_env, weed):
         store.commit_record("ct/windows", CT_KEYS[0])["version"]
     ]  # the replaced version is gone, no copy was made
 
-    ct_dataset = dg.materialize([ct_dataset_asset], resources=resources, instance=instance)
+    ct_dataset = dg.materialize([dataset_asset(CT)], resources=resources, instance=instance)
     assert all(checks(ct_dataset).values())
     manifest = store.read_manifest("ct")
     assert manifest["keys"] == CT_KEYS[:2] and manifest["incomplete"] == []

@@ -6,19 +6,17 @@ from datetime import datetime
 
 import dagster as dg
 import pytest
+from graph import FAMILIES, schedule
+from graph import sensor as sensor_of
 from test_benchmarks import bench_names
 
 from zarrfeed.formats import discover
-from zarrfeed.jobs import nightly, queue, schedules, sensors
+from zarrfeed.jobs import nightly, queue
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import LocalBackend, ZarrStore
 from zarrfeed.store.zarrstore import summarise
 
 KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
-
-
-def by_name(defs, name):
-    return next(d for d in defs if d.name == name)
 
 
 def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
@@ -117,7 +115,7 @@ def test_record_summaries_read_only_new_and_changed_records(tmp_path):
 def test_the_discovery_sensor_releases_a_bounded_number_of_runs_per_tick(dagster_env, monkeypatch):
     _, resources, instance = dagster_env
     monkeypatch.setattr(queue, "PER_TICK", 3)
-    sensor = by_name(sensors, "ct_discovery")
+    sensor = sensor_of(resources, "ct_discovery")
     ctx = dg.build_sensor_context(instance=instance, resources=resources)
     first = sensor(ctx)
     assert [r.partition_key for r in first.run_requests] == KEYS[:3]
@@ -140,16 +138,16 @@ def test_a_nightly_with_more_work_than_a_tick_queues_the_rest(dagster_env, monke
     monkeypatch.setattr(nightly, "PER_TICK", 1)
     instance.add_dynamic_partitions("ct_scans", KEYS)
     resources["zarr_store"].catalog("ct").update(
-        resources["raw"].origin, resources["raw"].scan("ct")
+        resources["raw"].origin, resources["raw"].scan(FAMILIES["ct"])
     )
     with dg.build_schedule_context(
         instance=instance, resources=resources, scheduled_execution_time=datetime(2026, 11, 22, 2)
     ) as ctx:
-        requests = by_name(schedules, "ct_nightly")(ctx)
+        requests = schedule(resources, "ct_nightly")(ctx)
     assert [r.partition_key for r in requests] == KEYS[:1]
     waiting = queue.BuildQueue(resources["zarr_store"].store().backend, "ct").load()
     assert waiting == {k: "nightly 2026-11-22: ct_hu missing" for k in KEYS[1:]}
-    released = by_name(sensors, "ct_discovery")(
+    released = sensor_of(resources, "ct_discovery")(
         dg.build_sensor_context(instance=instance, resources=resources)
     )
     assert [r.partition_key for r in released.run_requests] == KEYS[1:]

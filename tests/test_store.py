@@ -52,8 +52,8 @@ def test_round_trip_provenance_and_manifest(store):
     group = store.open_partition("ct/windows", "scan_2")
     assert group.attrs["source_sha256"] == "ab" * 32 and group.attrs["params"] == {"w": "lung"}
     np.testing.assert_array_equal(store.open_array("ct/windows", "scan_2", "lung")[:], 0.25)
-    manifest = store.write_manifest("ct/windows", split="train")
-    assert manifest == store.read_manifest("ct/windows")
+    manifest = store.build_manifest("ct/windows", split="train")
+    assert store.write_dataset("ct", ["ct/windows"]) == store.read_manifest("ct")
     assert manifest["total_partitions"] == 2 and manifest["split"] == "train"
     assert manifest["arrays"]["lung"] == {
         "dtypes": ["float16"],
@@ -75,7 +75,7 @@ def test_non_finite_attrs_survive_the_fast_json_path(store):
         w.write("lung", np.zeros((4, 4, 4), dtype=np.float16))
     assert np.isnan(store.commit_record("ct/windows", "scan_1")["attrs"]["hu_min"])
     assert store.commit_records("ct/windows", ["scan_1"])["scan_1"]["key"] == "scan_1"
-    assert store.write_manifest("ct/windows")["total_partitions"] == 1
+    assert store.build_manifest("ct/windows")["total_partitions"] == 1
 
 
 def test_failed_write_leaves_nothing_and_keeps_the_committed_version(store):
@@ -378,14 +378,18 @@ def test_consolidation_reads_only_what_changed_and_equals_a_fresh_one(store, mon
         return real(asset, key, name, version)
 
     monkeypatch.setattr(store, "read_array", counted)
-    assert store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])["rows"] == 12
+
+    def consolidate():
+        return store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"], table="patches")
+
+    assert consolidate()["rows"] == 12
     assert sorted(reads) == ["ct/patches/a", "ct/patches/b", "ct/patches/c"]
     reads.clear()
-    assert store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])["rows"] == 12
+    assert consolidate()["rows"] == 12
     assert reads == []  # nothing changed: nothing read, nothing written
     rows("b", 900)  # a rebuilt partition
     reads.clear()
-    store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"])
+    consolidate()
     assert [r for r in reads if r.startswith("ct/")] == ["ct/patches/b"]
     table = real("datasets/ct", "patches", "origins")
     fresh = np.concatenate([real("ct/patches", k, "origins") for k in ["a", "b", "c"]])

@@ -102,7 +102,7 @@ def test_ct_classifier_reports_per_finding_auroc_and_tensorboard_events(built, t
     from dagster._core.definitions.metadata.external_metadata import metadata_map_from_external
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from zarrfeed.pipes_training import result_metadata
+    from zarrfeed.training.pipes import result_metadata
 
     cfg = config(built, tmp_path, steps=3)
     cfg.data.eval_batches = 4  # 16 patches: enough for both classes of some findings

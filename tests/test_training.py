@@ -142,8 +142,9 @@ def test_sampler_shards_cover_each_epoch_and_resume_mid_epoch():
 def test_a_task_s_own_defaults_lie_under_whatever_is_given():
     """defect_segmentation learns nothing in the sections' 40 steps of 4: its defaults hold in
     the CLI, in YAML and in the model asset's run config (an automated retrain uses them)."""
-    from zarrfeed.assets.training import model_assets
+    from graph import model_assets as every_model
 
+    model_assets = every_model()
     defect = TrainConfig(task="defect_segmentation").train
     assert (defect.steps, defect.batch_size, defect.lr) == (100, 8, 0.003)
     given = TrainConfig.model_validate({"task": "defect_segmentation", "train": {"steps": 5}})

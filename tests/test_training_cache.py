@@ -49,7 +49,7 @@ def build_ct(
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
     store.write_dataset("ct", ["ct/windows", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins"])
+    store.consolidate("ct", "ct/patches", keys, ["origins"], table="patches")
     return store
 
 

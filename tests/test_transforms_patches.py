@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from zarrfeed.transforms.defects import Defects, gaussian_kernel, random_defects, render_defects
-from zarrfeed.transforms.patches import PatchGrid, PatchIndex, build_patch_index, patch_fractions
+from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 
 
 def explicit_origins(shape, patch, stride):
@@ -45,33 +45,6 @@ def test_fractions_match_brute_force(shape, patch, stride):
     got = patch_fractions(mask, grid)
     ref = [mask[grid.slices(i)].mean() for i in range(len(grid))]
     np.testing.assert_allclose(got, ref, rtol=1e-6)
-
-
-def test_index_over_many_items_filters_and_locates():
-    rng = np.random.default_rng(1)
-    masks = [rng.random(s) > 0.8 for s in [(976, 176), (500, 300), (976, 176)]]
-    index = build_patch_index(masks, 128, 112, min_fraction=0.2)
-    ref = []
-    for item, m in enumerate(masks):
-        for o in explicit_origins(m.shape, (128, 128), (112, 112)):
-            if m[o[0] : o[0] + 128, o[1] : o[1] + 128].mean() >= 0.2:
-                ref.append((item, o))
-    items, origins = index.locate(np.arange(len(index)))
-    assert list(zip(items.tolist(), [tuple(o) for o in origins.tolist()], strict=True)) == ref
-    strict = build_patch_index(masks, 128, 112, min_fraction=0.21)
-    assert len(strict) < len(index)
-    with pytest.raises(IndexError):
-        index.locate([len(index)])
-
-
-def test_unfiltered_index_has_no_per_patch_storage():
-    index = PatchIndex.make([(976, 176)] * 10_000, 128, 112)
-    per_image = len(explicit_origins((976, 176), (128, 128), (112, 112)))
-    assert (
-        len(index) == 10_000 * per_image == 180_000
-        and index.keep is None
-        and index.nbytes == 10_000 * 2 * 8
-    )
 
 
 def test_local_defects_equal_full_image_rendering():

@@ -28,7 +28,9 @@ def test_occupancy_threshold_and_downsample_against_block_loop():
         ref_odd[tuple(v * 16 // np.array(odd.shape))] = True
     np.testing.assert_array_equal(sparse.downsample_occupancy(odd, 16), ref_odd)
     coords = sparse.occupancy_coords(vol, 0.999, grid=16)
-    np.testing.assert_array_equal(sparse.occupancy_grid(coords, (16, 16, 16)), ref)
+    dense = np.zeros((16, 16, 16), dtype=bool)
+    dense[tuple(coords.T.astype(np.intp))] = True  # the TRELLIS ss[coords] = 1
+    np.testing.assert_array_equal(dense, ref)
 
 
 @pytest.mark.parametrize("shape", [(64, 64, 64), (63, 70, 7), (40, 96, 96)])

@@ -13,7 +13,7 @@ def test_packed_decoding_of_real_camera_files(spikezoo_data):
         spikes = read_dat(dat, 250, 400)
         assert spikes.shape == (301, 250, 400)
         gt = np.asarray(Image.open(spikezoo_data / "test" / "gt" / f"{dat.stem}.png").convert("L"))
-        img = sp.tfp(spikes, center=150, half_window=20)
+        img = spikes[130:171].mean(axis=0, dtype=np.float32)  # texture from playback
         corr = np.corrcoef(img.ravel(), gt.ravel().astype(np.float32))[0, 1]
         assert corr > 0.9, f"{dat.name}: TFP vs ground truth corr {corr:.3f}"
         flipped = np.corrcoef(img[::-1].ravel(), gt.ravel().astype(np.float32))[0, 1]

@@ -1,7 +1,8 @@
 """How every stored asset's partitions are built: one routine, driven by the data contract.
 
-An asset supplies a :class:`Step` per partition — its fingerprint inputs, how to produce its
-arrays, how to check them — and :func:`build_partition` does the rest the same way for all:
+A family's builder supplies a :class:`~zarrfeed.families.Step` per partition — its
+fingerprint inputs, how to produce its arrays, how to check them — and
+:func:`build_partition` does the rest the same way for all:
 
 1. the fingerprint from the contract (code version, declared settings, inputs);
 2. reuse when the committed partition has that fingerprint and its stored data still passes
@@ -19,30 +20,21 @@ assets from the contract.
 
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.checks import CHECK_DOCS
-from zarrfeed.assets.metadata import partition_metadata, readable
-from zarrfeed.checksums import ATTR, array_sha256
+from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.errors import ZarrfeedError
-from zarrfeed.sources.raw import SourceWatch
+from zarrfeed.families.stages import Checks, Step
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.store.contract import StoredAsset, failed_checks
-
-# Beta in dagster 1.13 and used on purpose: backfill_policy= (the documented way to batch) and
-# owners= on jobs, sensors and schedules (the catalog shows who owns each, as for assets).
-warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*(backfill_policy|owners)")
-# Preview in dagster 1.13 and used on purpose: checks partitioned like their asset, so the UI
-# shows each partition's result and plots each partition's history apart.
-warnings.filterwarnings(
-    "ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec"
-)
+from zarrfeed.store.checksums import ATTR, array_sha256
+from zarrfeed.store.contract import StoredAsset, stale_reason
 
 # Backfills of derived assets run this many partitions per run: the ~1–2 s start-up of a run
 # is paid once per batch instead of once per partition (benchmarks/build.py).
@@ -50,7 +42,19 @@ BATCH = dg.BackfillPolicy.multi_run(max_partitions_per_run=16)
 OWNERS = ["team:ml-data"]
 IO_POOL = "zarrfeed_io"  # raw ingest and downloads (deploy/dagster.yaml sets its limit)
 
-Checks = dict[str, tuple[bool, dict[str, Any]]]
+
+@contextmanager
+def intended() -> Iterator[None]:
+    """Dagster 1.13 features used on purpose, their warnings silenced where they are used
+    (never process-wide): ``backfill_policy=`` (beta; the documented way to batch) and
+    checks partitioned like their asset (preview; the UI shows each partition's result and
+    plots each partition's history apart)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*backfill_policy", dg.BetaWarning)
+        warnings.filterwarnings(
+            "ignore", ".*partitions_def on an AssetCheckSpec", dg.PreviewWarning
+        )
+        yield
 
 
 @dataclass
@@ -62,39 +66,16 @@ class Built:
     data_version: str | None = None
 
 
-@dataclass
-class Step:
-    """What an asset supplies to build one partition."""
-
-    inputs: dict[str, Any]  # the fingerprint inputs the contract declares
-    source: str  # provenance: where the data came from
-    source_sha256: str | None
-    produce: Callable[[], dict[str, np.ndarray]]
-    check: Callable[[dict[str, np.ndarray]], Checks]
-    describe: Callable[[dict[str, np.ndarray]], dict[str, Any]] = lambda arrays: {}
-    attrs: dict[str, Any] = field(default_factory=dict)  # more provenance
-    watch: SourceWatch | None = None  # the raw files produce reads, checked after reading
-
-
-def upstream(store: ZarrStore, spec: StoredAsset, key: str) -> str:
-    """The fingerprint of partition ``key`` of upstream ``spec``: an input of the next stage.
-    Building on a missing partition or one that failed its checks fails, naming it."""
-    try:
-        record = store.commit_record(spec.path, key)
-    except ZarrfeedError:
-        raise dg.Failure(f"{spec.name}[{key}] is not built: materialise it first") from None
-    failed = failed_checks(record)
-    if failed:
-        raise dg.Failure(
-            f"{spec.name}[{key}] failed its checks ({', '.join(failed)}): fix its source; "
-            "nothing is built on it"
-        )
-    return record["attrs"]["fingerprint"]
-
-
 def stored_arrays(store: ZarrStore, spec: StoredAsset, key: str) -> dict[str, np.ndarray]:
     names = sorted(store.commit_record(spec.path, key)["arrays"])
     return {name: store.read_array(spec.path, key, name) for name in names}
+
+
+def conform_checks(spec: StoredAsset, checks: Checks) -> Checks:
+    """Refuse check results that are not the declared checks (a bug, never a bad input)."""
+    if sorted(checks) != sorted(spec.check_names):
+        raise ValueError(f"{spec.name}: checked {sorted(checks)}, contract says {spec.check_names}")
+    return checks
 
 
 def conform(spec: StoredAsset, settings: Mapping[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -122,16 +103,17 @@ def build_partition(
 ) -> Built:
     fingerprint = spec.fingerprint(settings, key, step.inputs)
     record = store.commit_record(spec.path, key) if store.has_partition(spec.path, key) else None
+    stale = stale_reason(record, fingerprint)
     why = "forced" if force else None
-    if why is None and record is not None and record["attrs"].get("fingerprint") == fingerprint:
+    if why is None and stale is None:
         arrays = stored_arrays(store, spec, key)
-        checks = step.check(arrays)
-        recorded = record.get("checks") or {}
+        checks = conform_checks(spec, step.check(arrays))
+        recorded = (record or {}).get("checks") or {}
         if all(ok == recorded.get(n, True) for n, (ok, _) in checks.items()):
             metadata = partition_metadata(store, spec.path, key, None, "unchanged inputs")
-            return Built({**metadata, **step.describe(arrays)}, checks, fingerprint)
+            return Built({**metadata, **described(step, arrays)}, checks, fingerprint)
         why = "stored data failed its checks"
-    why = why or ("first build" if record is None else "inputs, settings or code changed")
+    why = why or ("first build" if record is None else stale)
     t0 = time.perf_counter()
     try:
         arrays = step.produce()
@@ -146,7 +128,7 @@ def build_partition(
         # The checksums are computed beside the checks and the write (hashlib releases the
         # GIL): hashing a CT volume takes as long as coding it.
         sums = pool.submit(lambda: {name: array_sha256(d) for name, d in arrays.items()})
-        checks = step.check(arrays)
+        checks = conform_checks(spec, step.check(arrays))
         attrs = provenance(
             step.source,
             step.source_sha256,
@@ -163,22 +145,28 @@ def build_partition(
             w.attrs[ATTR] = sums.result()
     seconds = time.perf_counter() - t0
     metadata = partition_metadata(store, spec.path, key, seconds, why)
-    return Built({**metadata, **step.describe(arrays)}, checks, fingerprint)
+    return Built({**metadata, **described(step, arrays)}, checks, fingerprint)
+
+
+def described(step: Step, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """What the builder reports about the partition, as the UI shows it."""
+    return {name: shown(value) for name, value in step.describe(arrays).items()}
 
 
 def check_specs(
     spec: StoredAsset, partitions_def: dg.PartitionsDefinition
 ) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(
-            c,
-            asset=spec.name,
-            blocking=True,
-            description=CHECK_DOCS[c],
-            partitions_def=partitions_def,
-        )
-        for c in spec.checks
-    ]
+    with intended():
+        return [
+            dg.AssetCheckSpec(
+                c.name,
+                asset=spec.name,
+                blocking=True,
+                description=c.description,
+                partitions_def=partitions_def,
+            )
+            for c in spec.checks
+        ]
 
 
 def stored_asset(
@@ -186,23 +174,27 @@ def stored_asset(
     settings: Mapping[str, Any],
     partitions_def: dg.PartitionsDefinition,
     deps: list[str],
+    resources: set[str],
 ) -> Callable:
     """``@dg.asset`` for a stored asset, everything taken from its declaration."""
 
     def wrap(fn: Callable) -> dg.AssetsDefinition:
-        return dg.asset(
-            name=spec.name,
-            partitions_def=partitions_def,
-            deps=deps,
-            group_name=spec.family,
-            code_version=spec.code_version(settings),
-            description=spec.description,
-            kinds=set(spec.kinds),
-            owners=OWNERS,
-            tags={"family": spec.family, "stage": "stored"},
-            backfill_policy=BATCH,
-            check_specs=check_specs(spec, partitions_def),
-        )(fn)
+        with intended():
+            decorate = dg.asset(
+                name=spec.name,
+                required_resource_keys=resources,
+                partitions_def=partitions_def,
+                deps=deps,
+                group_name=spec.family,
+                code_version=spec.code_version(settings),
+                description=spec.description,
+                kinds=set(spec.kinds),
+                owners=OWNERS,
+                tags={"family": spec.family, "stage": "stored"},
+                backfill_policy=BATCH,
+                check_specs=check_specs(spec, partitions_def),
+            )
+        return decorate(fn)
 
     return wrap
 
@@ -213,30 +205,34 @@ def stored_multi_asset(
     settings: Mapping[str, Any],
     partitions_def: dg.PartitionsDefinition,
     deps: Mapping[str, list[str]],
+    resources: set[str],
 ) -> Callable:
     """``@dg.multi_asset`` over several stored assets built in one step (any subset)."""
 
     def wrap(fn: Callable) -> dg.AssetsDefinition:
-        return dg.multi_asset(
-            name=name,
-            specs=[
-                dg.AssetSpec(
-                    s.name,
-                    deps=deps[s.name],
-                    group_name=s.family,
-                    code_version=s.code_version(settings),
-                    description=s.description,
-                    kinds=set(s.kinds),
-                    owners=OWNERS,
-                    tags={"family": s.family, "stage": "stored"},
-                )
-                for s in specs
-            ],
-            check_specs=[c for s in specs for c in check_specs(s, partitions_def)],
-            partitions_def=partitions_def,
-            backfill_policy=BATCH,
-            can_subset=True,
-        )(fn)
+        with intended():
+            decorate = dg.multi_asset(
+                name=name,
+                required_resource_keys=resources,
+                specs=[
+                    dg.AssetSpec(
+                        s.name,
+                        deps=deps[s.name],
+                        group_name=s.family,
+                        code_version=s.code_version(settings),
+                        description=s.description,
+                        kinds=set(s.kinds),
+                        owners=OWNERS,
+                        tags={"family": s.family, "stage": "stored"},
+                    )
+                    for s in specs
+                ],
+                check_specs=[c for s in specs for c in check_specs(s, partitions_def)],
+                partitions_def=partitions_def,
+                backfill_policy=BATCH,
+                can_subset=True,
+            )
+        return decorate(fn)
 
     return wrap
 

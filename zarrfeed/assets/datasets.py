@@ -1,5 +1,5 @@
 """One dataset manifest per family (unpartitioned): the complete, checked samples training
-consumes — declared in ``zarrfeed.store.contract`` as ``DATASETS``.
+consumes, with the tables the family declares.
 
 A manifest's data version is a digest of its keys, the committed version of each of their
 partitions and its extra tables, so it changes exactly when what training would read does;
@@ -9,48 +9,22 @@ manifests refresh, and models retrain, only on a changed data version
 
 import hashlib
 import json
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import dagster as dg
-import numpy as np
 
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.conditions import ON_NEW_DATA
-from zarrfeed.assets.hub import UNKNOWN_LABEL, hub_labels
 from zarrfeed.assets.metadata import mib, table
-from zarrfeed.formats.discover import read_ct_rate_labels
+from zarrfeed.families import Family
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
-from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import DATASETS, FAMILIES, Dataset
 
 # The nightly schedules rebuild what is missing or stale; a manifest older than two days means
 # they have stopped.
 FRESHNESS = dg.FreshnessPolicy.time_window(
     fail_window=timedelta(hours=48), warn_window=timedelta(hours=26)
 )
-
-
-def ct_labels(store: ZarrStore, raw: RawFolderResource, keys: list[str]) -> dict:
-    """CT-RATE labels aligned with the keys (raw-folder CSVs, then hub splits)."""
-    names, rows = read_ct_rate_labels(raw.root)
-    hub_names, hub_rows = hub_labels(store)
-    if hub_names and names and hub_names != names:
-        raise dg.Failure(f"label columns of the hub {hub_names} differ from {raw.root}'s {names}")
-    names, rows = names or hub_names, {**hub_rows, **rows}
-    if not names:
-        return {}
-    unknown = [UNKNOWN_LABEL] * len(names)
-    table = np.array([rows.get(k, unknown) for k in keys], dtype=np.uint8)
-    attrs = {"names": names, "keys": keys, "unknown": UNKNOWN_LABEL}
-    with store.write_partition(DATASETS["ct"].path, "labels", attrs) as w:
-        w.write("labels", table.reshape(len(keys), len(names)), read="whole")
-    digest = hashlib.sha256(table.tobytes() + json.dumps(names).encode()).hexdigest()
-    return {"labelled": sum(k in rows for k in keys), "labels_sha256": digest[:16]}
-
-
-EXTRA: dict[str, Callable[[ZarrStore, RawFolderResource, list[str]], dict]] = {"ct": ct_labels}
 
 
 def data_version(manifest: dict[str, Any], extra: dict[str, Any]) -> str:
@@ -64,35 +38,35 @@ def data_version(manifest: dict[str, Any], extra: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def conflicts(zarr_store: ZarrStoreResource, ds: Dataset) -> dict[str, list[str]]:
+def conflicts(zarr_store: ZarrStoreResource, family: Family) -> dict[str, list[str]]:
     """Key → why, for the keys two or more raw items now claim: their committed partitions
     were built from one of them, and which one training should read is undecided until the
     user renames one (``zarrfeed status`` lists them)."""
-    family = next(f.name for f in FAMILIES.values() if f.dataset.name == ds.name)
     return {
         key: [f"conflict: {item.location} and {', '.join(item.conflict)} claim this key"]
-        for key, item in zarr_store.catalog(family).index().items()
+        for key, item in zarr_store.catalog(family.name).index().items()
         if item.conflict
     }
 
 
-def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
-    name = f"{ds.name}_dataset"
+def dataset_asset(family: Family) -> dg.AssetsDefinition:
+    """The manifest asset of ``family``: its keys complete in every stage, its tables."""
+    name = family.dataset_asset
 
     def spec(check: str, text: str, blocking: bool = True) -> dg.AssetCheckSpec:
         return dg.AssetCheckSpec(check, asset=name, blocking=blocking, description=text)
 
     @dg.asset(
         name=name,
-        deps=deps,
+        deps=[a.name for a in family.assets],
         group_name="datasets",
-        code_version="2",
-        description=f"The {ds.name} dataset training reads: the keys complete in "
-        f"{', '.join(a.name for a in ds.assets)} whose partitions passed every blocking "
+        code_version=family.dataset_version,
+        description=f"The {family.name} dataset training reads: the keys complete in "
+        f"{', '.join(a.name for a in family.assets)} whose partitions passed every blocking "
         "check, with consolidated index tables.",
         kinds={"zarr", "json"},
         owners=OWNERS,
-        tags={"family": ds.name, "stage": "dataset"},
+        tags={"family": family.name, "stage": "dataset"},
         automation_condition=ON_NEW_DATA,
         freshness_policy=FRESHNESS,
         check_specs=[
@@ -107,18 +81,19 @@ def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
     )
     def _dataset(zarr_store: ZarrStoreResource, raw: RawFolderResource) -> dg.MaterializeResult:
         store = zarr_store.store()
-        manifest = store.write_dataset(
-            ds.name, [a.path for a in ds.assets], conflicts(zarr_store, ds)
-        )
+        paths = [a.path for a in family.assets]
+        manifest = store.write_dataset(family.name, paths, conflicts(zarr_store, family))
         keys = manifest["keys"]
         pinned = {a: [p["version"] for p in m["partitions"]] for a, m in manifest["assets"].items()}
-        consolidated = {
-            table: store.consolidate(ds.name, spec.path, keys, list(arrays), pinned[spec.path])
-            for table, (spec, arrays) in ds.tables.items()
+        consolidated: dict[str, Any] = {
+            t.name: store.consolidate(
+                family.name, t.asset.path, keys, list(t.arrays), pinned[t.asset.path], table=t.name
+            )
+            for t in family.tables
             if keys
         }
-        if keys and ds.name in EXTRA:
-            consolidated |= EXTRA[ds.name](store, raw, keys)
+        for extra in family.extras if keys else ():
+            consolidated |= extra.write(store, raw.root, keys, family.dataset_path)
         mixed = {
             f"{a}/{n}": arr["dtypes"]
             for a, m in manifest["assets"].items()
@@ -137,9 +112,7 @@ def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
         return dg.MaterializeResult(
             data_version=dg.DataVersion(data_version(manifest, consolidated)),
             metadata={
-                "dagster/uri": dg.MetadataValue.path(
-                    f"{store.url}/.zarrfeed/manifests/{ds.name}.json"
-                ),
+                "dagster/uri": dg.MetadataValue.path(store.manifest_url(family.name)),
                 "dagster/row_count": len(keys),
                 "left_out": table(["key", "why"], [[k, ", ".join(v)] for k, v in left_out.items()])
                 if left_out
@@ -171,11 +144,3 @@ def dataset_asset(ds: Dataset, deps: list[str]) -> dg.AssetsDefinition:
         )
 
     return _dataset
-
-
-dataset_assets = [
-    dataset_asset(DATASETS["ct"], ["ct_hu", "ct_windows", "ct_sparse", "ct_patches"]),
-    dataset_asset(DATASETS["spike"], ["spike_voxels", "spike_frames"]),
-    dataset_asset(DATASETS["image"], ["image_store", "image_patches"]),
-]
-ct_dataset, spike_dataset, image_dataset = dataset_assets

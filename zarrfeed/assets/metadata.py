@@ -1,6 +1,7 @@
 """Metadata a person reads on a materialisation: typed values (numbers the UI plots across
 materialisations, paths, timestamps), tables instead of JSON blobs, sizes in MiB, and
-labelled preview images."""
+labelled preview images (a builder's :class:`~zarrfeed.families.Rows` and
+:class:`~zarrfeed.families.Picture` shown as such)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 import dagster as dg
 
-from zarrfeed.commands.output import codec_text
+from zarrfeed.families.facts import Picture, Rows
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.codecs import codec_text
 
 MIB = 1 << 20
 
@@ -89,10 +91,19 @@ def partition_metadata(
 
 
 def readable(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """``metadata`` with empty collections as the word "none": the UI shows an empty dict
-    or list as a "[Show JSON]" link that opens ``{}``."""
+    """``metadata`` as the UI shows it best: a builder's tables and pictures as such, empty
+    collections as the word "none" (the UI shows an empty dict or list as a "[Show JSON]"
+    link that opens ``{}``)."""
     empty = (dict, list, tuple)
-    return {k: "none" if isinstance(v, empty) and not v else v for k, v in metadata.items()}
+    return {k: "none" if isinstance(v, empty) and not v else shown(v) for k, v in metadata.items()}
+
+
+def shown(value: Any) -> Any:
+    if isinstance(value, Rows):
+        return table(value.columns, value.rows)
+    if isinstance(value, Picture):
+        return png_markdown(value.png, value.title, value.caption)
+    return value
 
 
 def png_markdown(png: bytes, title: str, caption: str = "") -> dg.MetadataValue:

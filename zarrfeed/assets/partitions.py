@@ -1,11 +1,12 @@
-"""Partition definitions: one dynamic partition per raw item, added by discovery."""
+"""Partition definitions: one dynamic partition per raw item of a family, added by
+discovery."""
 
 import dagster as dg
 
-from zarrfeed.store.contract import FAMILIES
+from zarrfeed.families import Family
 
-PARTITIONS = {
-    name: dg.DynamicPartitionsDefinition(name=family.partitions)
-    for name, family in FAMILIES.items()
-}
-ct_scans, spike_sequences, image_sets = PARTITIONS["ct"], PARTITIONS["spike"], PARTITIONS["images"]
+
+def partitions_def(family: Family) -> dg.DynamicPartitionsDefinition:
+    """The family's partitions (equal definitions for equal names, so each asset, check,
+    sensor and schedule of the family may make its own)."""
+    return dg.DynamicPartitionsDefinition(name=family.partitions)

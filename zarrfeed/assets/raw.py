@@ -7,80 +7,46 @@ key fail their partition, naming both; a partition whose source is gone fails in
 that says how to remove it.
 """
 
-from collections.abc import Callable
-from typing import Any
-
 import dagster as dg
 
-from zarrfeed.assets.build import IO_POOL, OWNERS
-from zarrfeed.assets.checks import CHECK_DOCS
-from zarrfeed.assets.partitions import PARTITIONS
-from zarrfeed.errors import InputError, ZarrfeedError
+from zarrfeed.assets.build import IO_POOL, OWNERS, intended
+from zarrfeed.assets.partitions import partitions_def
+from zarrfeed.families import Family, Inputs
 from zarrfeed.resources import ZarrStoreResource
-from zarrfeed.sources.catalog import RawCatalog, RawItem
-from zarrfeed.sources.raw import is_hub, item_sha256, source_version
-from zarrfeed.store.contract import Family
-
-# item → (metadata, readable?, facts for the check)
-Describe = Callable[[RawItem], tuple[dict[str, Any], bool, dict[str, Any]]]
-RAW_VERSION = "2"
-KINDS = {"ct": {"nifti", "dicom", "numpy"}, "spike": {"numpy"}, "images": {"png", "tiff"}}
+from zarrfeed.sources.raw import is_hub, source_version
 
 
-def resolve(catalog: RawCatalog, key: str) -> RawItem:
-    """The catalog entry of partition ``key``; one-line failures for a missing source or a
-    key that two raw items claim."""
-    try:
-        item = catalog.require(key)
-    except ZarrfeedError as exc:
-        raise dg.Failure(str(exc)) from None
-    if item.conflict:
-        raise InputError(
-            item.location,
-            f"a raw item of its own for partition key {key!r}",
-            "the same key for " + ", ".join(item.conflict) + " (rename one of them)",
+def raw_asset(family: Family) -> dg.AssetsDefinition:
+    """The raw-ingest asset of ``family``, from its ``RawSource`` declaration."""
+    raw, partitions = family.raw, partitions_def(family)
+    with intended():  # partitioned like the asset: the UI shows each partition's result
+        readable = dg.AssetCheckSpec(
+            raw.readable.name,
+            asset=raw.asset,
+            blocking=True,
+            description=raw.readable.description,
+            partitions_def=partitions,
         )
-    return item
 
-
-def content_hash(catalog: RawCatalog, item: RawItem) -> str:
-    """The item's content hash: recorded (hub listings, an earlier ingest of the same bytes)
-    or computed now and recorded."""
-    if item.content_hash:
-        return item.content_hash
-    if is_hub(item):
-        raise dg.Failure(f"{item.location}: the hub listing gave no LFS hash for this file")
-    return catalog.record_hash(item, item_sha256(item)).sha256 or ""
-
-
-def raw_asset(family: Family, describe: Describe, description: str) -> dg.AssetsDefinition:
     @dg.asset(
-        name=family.raw_asset,
-        partitions_def=PARTITIONS[family.name],
+        name=raw.asset,
+        partitions_def=partitions,
         group_name=family.name,
-        code_version=RAW_VERSION,
-        description=description,
-        kinds=KINDS[family.name],
+        code_version=raw.version,
+        description=raw.description,
+        kinds=set(raw.kinds),
         owners=OWNERS,
         tags={"family": family.name, "stage": "raw"},
         pool=IO_POOL,
-        check_specs=[
-            dg.AssetCheckSpec(
-                "readable",
-                asset=family.raw_asset,
-                blocking=True,
-                description=CHECK_DOCS["readable"],
-                partitions_def=PARTITIONS[family.name],
-            )
-        ],
+        check_specs=[readable],
     )
     def _raw(
         context: dg.AssetExecutionContext, zarr_store: ZarrStoreResource
     ) -> dg.MaterializeResult:
-        catalog = zarr_store.catalog(family.name)
-        item = resolve(catalog, context.partition_key)
-        sha = content_hash(catalog, item)
-        metadata, readable, facts = describe(item)
+        inputs = Inputs(family, zarr_store.store(), zarr_store.catalog(family.name), {})
+        item = inputs.item(context.partition_key)
+        sha = inputs.content_hash(item)
+        metadata, readable, facts = raw.describe(item)
         return dg.MaterializeResult(
             data_version=dg.DataVersion(source_version(item, sha)),
             metadata={
@@ -93,7 +59,7 @@ def raw_asset(family: Family, describe: Describe, description: str) -> dg.Assets
                 **metadata,
             },
             check_results=[
-                dg.AssetCheckResult(check_name="readable", passed=readable, metadata=facts)
+                dg.AssetCheckResult(check_name=raw.readable.name, passed=readable, metadata=facts)
             ],
         )
 

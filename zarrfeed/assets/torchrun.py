@@ -1,7 +1,7 @@
 """Training as an external process: ``torchrun`` launched through Dagster Pipes.
 
 The step writes the resolved training config next to the checkpoints, runs
-``torchrun --nproc-per-node=N -m zarrfeed.pipes_training --config <run>/train.yaml`` with
+``torchrun --nproc-per-node=N -m zarrfeed.training.pipes --config <run>/train.yaml`` with
 :class:`dagster.PipesSubprocessClient`, and takes rank 0's reports (logs, materialisation,
 check) as its own.  torchrun keeps each rank's output and error file under
 ``<run>/torchrun/<run id>/``; when training fails or a rank is killed, the step fails with
@@ -10,7 +10,6 @@ same command in a pod (deploy/README.md).
 """
 
 import json
-import os
 import shlex
 import sys
 import warnings
@@ -24,19 +23,14 @@ from pydantic import Field
 from zarrfeed.training.config import TrainConfig
 
 TAIL_LINES = 15
-# dagster 1.13's own Pipes client warns about its internals on every launch (it reads
-# context.run_id, and PipesMessageReader.expected_writer_count is in preview): nothing a user
-# of `dg dev` or `zarrfeed demo` can act on.
-warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*run_id is deprecated")
-warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*expected_writer_count")
 
 
 class TorchrunResource(dg.ConfigurableResource):
-    """How model assets launch training on this machine (``ZARRFEED_NPROC_PER_NODE``)."""
+    """How model assets launch training on this machine (the training component's
+    ``nproc_per_node``)."""
 
     nproc_per_node: int = Field(
-        default=int(os.environ.get("ZARRFEED_NPROC_PER_NODE", "1")),
-        description="training processes: one per GPU, or a few CPU ranks (gloo)",
+        default=1, description="training processes: one per GPU, or a few CPU ranks (gloo)"
     )
 
     def command(self, config_path: Path, log_dir: Path) -> list[str]:
@@ -44,7 +38,7 @@ class TorchrunResource(dg.ConfigurableResource):
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={self.nproc_per_node}", f"--log-dir={log_dir}",
             "--redirects=3", "--tee=3",  # each rank's output to a file and to the step's log
-            "-m", "zarrfeed.pipes_training", "--config", str(config_path),
+            "-m", "zarrfeed.training.pipes", "--config", str(config_path),
         ]  # fmt: skip
 
     def train(
@@ -60,12 +54,18 @@ class TorchrunResource(dg.ConfigurableResource):
         context.log.info(
             f"training through Pipes: {shlex.join(command)}\n"
             f"outside Dagster: torchrun --nproc-per-node={self.nproc_per_node} "
-            f"-m zarrfeed.pipes_training --config {config_path}"
+            f"-m zarrfeed.training.pipes --config {config_path}"
         )
         try:
-            return dg.PipesSubprocessClient().run(
-                context=context, command=command, extras=dict(extras)
-            )
+            with warnings.catch_warnings():
+                # dagster 1.13's own Pipes client warns about its internals on every launch
+                # (it reads context.run_id; PipesMessageReader.expected_writer_count is in
+                # preview): nothing a user of `dg dev` or `zarrfeed demo` can act on.
+                warnings.filterwarnings("ignore", ".*run_id is deprecated", DeprecationWarning)
+                warnings.filterwarnings("ignore", ".*expected_writer_count", dg.PreviewWarning)
+                return dg.PipesSubprocessClient().run(
+                    context=context, command=command, extras=dict(extras)
+                )
         except Exception as exc:  # the client's error names only the exit code
             raise dg.Failure(
                 description=f"training failed: {exc}\n{last_lines(log_dir)}",

@@ -21,12 +21,11 @@ from pydantic.fields import FieldInfo
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.torchrun import TorchrunResource
-from zarrfeed.pipes_training import LEARNED, LEARNED_DOC
 from zarrfeed.resources import ModelsResource, ZarrStoreResource
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.tasks import TASK_TYPES
+from zarrfeed.training.pipes import LEARNED, LEARNED_DOC
+from zarrfeed.training.tasks import TASK_TYPES, model_asset_name
 
-TRAINER_VERSION = "2"  # 2: trained by torchrun through Pipes
 TRAINING_POOL = "zarrfeed_training"  # one training at a time unless its limit is raised
 # Set by the asset from its task and the resources, not by run config.
 FROM_ASSET = {"task", "store", "out", "run_name"}
@@ -34,7 +33,7 @@ FROM_ASSET = {"task", "store", "out", "run_name"}
 
 def dagster_config(defaults: pydantic.BaseModel, name: str) -> type[dg.Config]:
     """A Dagster ``Config`` class with the fields and docs of ``defaults``' model and its
-    values as defaults (a task's own, see ``TASK_DEFAULTS``), so the launchpad shows and an
+    values as defaults (a task's own, see ``Task.defaults``), so the launchpad shows and an
     automated run uses what the task trains with."""
     model = type(defaults)
     fields: dict[str, Any] = {}
@@ -51,24 +50,27 @@ def dagster_config(defaults: pydantic.BaseModel, name: str) -> type[dg.Config]:
 
 
 def model_asset(task: str) -> dg.AssetsDefinition:
-    dataset = dg.AssetKey(f"{TASK_TYPES[task].family}_dataset")
+    family = TASK_TYPES[task].family
+    dataset = dg.AssetKey(family.dataset_asset)
     defaults = TrainConfig(task=task)
     run_config = dagster_config(defaults, f"TrainRun_{task}")
     # A changed default recipe marks the model stale in the UI, like a changed trainer.
     recipe = hashlib.sha256(defaults.model_dump_json(exclude=FROM_ASSET).encode()).hexdigest()
 
     @dg.asset(
-        name=f"{task}_model",
+        name=model_asset_name(task),
         group_name="training",
         deps=[dataset],
-        code_version=f"{TRAINER_VERSION}.{recipe[:8]}",
+        code_version=f"{TASK_TYPES[task].version}.{recipe[:8]}",
         automation_condition=ON_NEW_DATA,
         kinds={"pytorch"},
         pool=TRAINING_POOL,
         description=(TASK_TYPES[task].__doc__ or "").strip(),
         owners=OWNERS,
-        tags={"family": TASK_TYPES[task].family, "stage": "model"},
-        check_specs=[dg.AssetCheckSpec(LEARNED, asset=f"{task}_model", description=LEARNED_DOC)],
+        tags={"family": family.name, "stage": "model"},
+        check_specs=[
+            dg.AssetCheckSpec(LEARNED, asset=model_asset_name(task), description=LEARNED_DOC)
+        ],
     )
     def _model(
         context: dg.AssetExecutionContext,
@@ -95,6 +97,3 @@ def model_asset(task: str) -> dg.AssetsDefinition:
         yield from torchrun.train(context, settings, {"trained_on": trained_on}).get_results()
 
     return _model
-
-
-model_assets = [model_asset(task) for task in TASK_TYPES]

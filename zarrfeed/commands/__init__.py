@@ -1,2 +1,2 @@
-"""The ``zarrfeed`` subcommands: ``train``, and those that read the store and the instance
-(``inspect``, ``verify``, ``status``, ``partitions``) with the table output they share."""
+"""The ``zarrfeed`` subcommands, one module each (``add_parser`` and ``main``), with the
+options and table output they share; ``zarrfeed.cli`` assembles them."""

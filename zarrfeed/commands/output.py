@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 
@@ -72,22 +72,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-def codec_text(codec: Mapping[str, Any] | None) -> str:
-    """``{"name": "blosc", "configuration": {"cname": "zstd", "clevel": 3, ...}}`` →
-    ``blosc zstd level 3, bitshuffle``."""
-    if not codec:
-        return "none"
-    conf = codec.get("configuration") or {}
-    words = [codec.get("name", "?")]
-    if "cname" in conf:
-        words.append(str(conf["cname"]))
-    if "clevel" in conf or "level" in conf:
-        words.append(f"level {conf.get('clevel', conf.get('level'))}")
-    text = " ".join(words)
-    shuffle = conf.get("shuffle")
-    return f"{text}, {shuffle}" if shuffle and shuffle != "noshuffle" else text
 
 
 def _is_number(text: str) -> bool:

@@ -4,6 +4,7 @@ instance, the store and the raw-item catalog, so that nothing keeps reporting it
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import sys
@@ -11,15 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zarrfeed.commands.options import existing_store, family_named, reader_options
 from zarrfeed.errors import ConfigError, StoreError
-from zarrfeed.store.contract import FAMILIES
+from zarrfeed.families import Family
 
 
 @dataclass
 class Removal:
     """What removing partition ``key`` of ``family`` touches."""
 
-    family: str
+    family: Family
     key: str
     in_instance: bool = False
     stored: list[str] = field(default_factory=list)  # store paths with a committed partition
@@ -29,19 +31,17 @@ class Removal:
     def lines(self) -> list[str]:
         out = []
         if self.in_instance:
-            out.append(f"the Dagster partition {self.key!r} of {FAMILIES[self.family].partitions}")
+            out.append(f"the Dagster partition {self.key!r} of {self.family.partitions}")
         out += [f"the committed partition {p}/{self.key}" for p in self.stored]
         if self.catalogued:
-            out.append(f"the {self.family} catalog entry {self.key!r}")
+            out.append(f"the {self.family.name} catalog entry {self.key!r}")
         return out
 
 
-def plan(family: str, key: str, store: Any, catalog: Any, instance: Any | None) -> Removal:
+def plan(spec: Family, key: str, store: Any, catalog: Any, instance: Any | None) -> Removal:
     """What there is to remove; refuses a key whose raw source still exists (discovery would
     add it straight back)."""
-    if family not in FAMILIES:
-        raise ConfigError(f"no family {family!r}; the families are {', '.join(FAMILIES)}")
-    spec = FAMILIES[family]
+    family = spec.name
     item = catalog.get(key)
     if item is not None and Path(item.location).exists():
         fix = (
@@ -53,12 +53,12 @@ def plan(family: str, key: str, store: Any, catalog: Any, instance: Any | None) 
             f"{family} partition {key!r} has a raw source, {item.location}: discovery would "
             f"add it back; {fix}"
         )
-    removal = Removal(family, key, catalogued=item is not None)
+    removal = Removal(spec, key, catalogued=item is not None)
     removal.stored = [a.path for a in spec.assets if store.has_partition(a.path, key)]
     if instance is not None:
         removal.in_instance = instance.has_dynamic_partition(spec.partitions, key)
     with contextlib.suppress(StoreError):  # no manifest yet
-        removal.in_dataset = key in store.read_manifest(spec.dataset.name)["keys"]
+        removal.in_dataset = key in store.read_manifest(spec.name)["keys"]
     if not removal.lines():
         known = instance.get_dynamic_partitions(spec.partitions) if instance else []
         close = difflib.get_close_matches(key, [*known, *catalog.index()], n=3)
@@ -68,7 +68,7 @@ def plan(family: str, key: str, store: Any, catalog: Any, instance: Any | None) 
 
 
 def execute(removal: Removal, store: Any, catalog: Any, instance: Any | None) -> None:
-    spec = FAMILIES[removal.family]
+    spec = removal.family
     for path in removal.stored:
         store.delete_partition(path, removal.key)
     if removal.catalogued:
@@ -87,3 +87,41 @@ def confirm(question: str, yes: bool) -> bool:
     if not sys.stdin.isatty():
         raise ConfigError("not a terminal, so nothing was asked or removed: pass --yes to confirm")
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("partitions", help="remove a partition that has no raw source")
+    p.add_argument("action", choices=["remove"])
+    p.add_argument("family", help="ct, spike or images")
+    p.add_argument("key", help="the partition key")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reader_options(p, main, json=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    from zarrfeed.commands.instance import home_of, open_instance
+    from zarrfeed.resources import ZarrStoreResource
+
+    existing_store(args.store)
+    family = family_named(args.family).declaration
+    resource = ZarrStoreResource(url=args.store)
+    store, catalog = resource.store(), resource.catalog(family.name)
+    home = home_of(args.dagster_home)
+    instance = open_instance(home) if home else None
+    try:
+        removal = plan(family, args.key, store, catalog, instance)
+        print("This removes " + "; ".join(removal.lines()) + ".")
+        if not confirm("Remove?", args.yes):
+            print("nothing removed")
+            return 1
+        execute(removal, store, catalog, instance)
+    finally:
+        if instance is not None:
+            instance.dispose()
+    print(f"removed {family.name} partition {args.key}")
+    if removal.in_dataset:
+        print(
+            f"the {family.name} dataset manifest still lists it: refresh it with "
+            f"`dg launch -m zarrfeed.definitions --job {family.dataset_job}`"
+        )
+    return 0

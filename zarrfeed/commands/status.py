@@ -1,20 +1,27 @@
 """``zarrfeed status`` : per family, the partitions that are missing,
 stale, failed, running or without a raw source, each with the command that fixes it.
 
-Out of date has one meaning here, the nightly schedule's (``zarrfeed.jobs.nightly
-.out_of_date`` over ``zarrfeed.store.contract.stale_reason``), so ``status`` and the nightly
-never disagree.
+Out of date has one meaning here, the nightly schedule's
+(:meth:`zarrfeed.families.Family.out_of_date` over ``zarrfeed.store.contract.stale_reason``),
+judged with the settings of the family's component, as the nightly judges it: ``status`` and
+the nightly never disagree.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zarrfeed.store.contract import FAMILIES, failed_checks
+from zarrfeed.commands.options import existing_store, families, reader_options
+from zarrfeed.commands.output import print_json, print_table
+from zarrfeed.errors import root_cause
+from zarrfeed.families import Family
+from zarrfeed.store.contract import failed_checks
 
 LAUNCH = "dg launch -m zarrfeed.definitions --job {job} --partition {key}"
+STATES = ("missing", "stale", "failed", "running", "conflict", "no source")  # the table's columns
 # The catalog and every partition's provenance name a source by its absolute path.
 RESTORE = (
     "put it back where it was (the catalog records absolute paths), or drop a source deleted "
@@ -37,7 +44,7 @@ class Entry:
 
 
 def family_status(
-    family: str,
+    declared: Family,
     store: Any,
     catalog: Any,
     settings: Mapping[str, Any],
@@ -47,12 +54,10 @@ def family_status(
     """(partitions, entries) of ``family``; ``partition_keys`` are the instance's (None
     without an instance: the catalog's), ``partition_states`` key → ``running`` or the root
     cause of its last failed run, from the instance."""
-    from zarrfeed.jobs.nightly import out_of_date
-
-    spec = FAMILIES[family]
+    family = declared.name
     index = catalog.index()
     keys = sorted(partition_keys if partition_keys is not None else index)
-    job = f"{family}_build"
+    job = declared.build_job
     entries: list[Entry] = []
 
     def add(state: str, found: list[str], why: str, fix: str) -> None:
@@ -61,17 +66,17 @@ def family_status(
 
     running = [k for k, s in partition_states.items() if s == "running"]
     failed_runs = {k: s for k, s in partition_states.items() if s != "running" and k in index}
-    reasons = out_of_date(spec, store, settings, keys, index)
+    reasons = declared.out_of_date(store, settings, keys, index)
     unsourced = missing_sources(index, keys)
     busy = {*running, *failed_runs, *(k for found in unsourced.values() for k in found)}
     missing = {k: w for k, w in reasons.items() if w.endswith("missing") and k not in busy}
     stale = {k: w for k, w in reasons.items() if k not in missing and k not in busy}
-    add("missing", list(missing), "never built", _launch(job, missing))
+    add("missing", list(missing), "never built", _launch(declared, missing))
     for why in sorted(set(stale.values())):
         group = [k for k, w in stale.items() if w == why]
-        add("stale", group, why, _launch(job, group))
+        add("stale", group, why, _launch(declared, group))
     add("running", running, "a run is building it", "wait, or watch it in the UI (dg dev)")
-    records = {a.name: store.commit_records(a.path, keys) for a in spec.assets}
+    records = {a.name: store.commit_records(a.path, keys) for a in declared.assets}
     bad_checks = {
         k: [f"{a}:{c}" for a, r in records.items() for c in failed_checks(r.get(k))] for k in keys
     }
@@ -114,25 +119,24 @@ def missing_sources(index: Mapping[str, Any], keys: list[str]) -> dict[str, list
     return out
 
 
-def _launch(job: str, keys: Mapping[str, str] | list[str]) -> str:
+def _launch(family: Family, keys: Mapping[str, str] | list[str]) -> str:
     keys = sorted(keys)
     if len(keys) == 1:
-        return LAUNCH.format(job=job, key=keys[0])
-    nightly = job.replace("_build", "_nightly")
-    return f"{LAUNCH.format(job=job, key='KEY')} for each, or let {nightly} build them"
+        return LAUNCH.format(job=family.build_job, key=keys[0])
+    every = LAUNCH.format(job=family.build_job, key="KEY")
+    return f"{every} for each, or let {family.nightly} build them"
 
 
-def partition_states(instance: Any, family: str, keys: list[str]) -> dict[str, str]:
+def partition_states(instance: Any, family: Family, keys: list[str]) -> dict[str, str]:
     """Key → ``running``, or the root cause of the failed run that left one of the family's
     raw or stored assets failed, from the instance."""
     import dagster as dg
 
-    from zarrfeed.assets.partitions import PARTITIONS
+    from zarrfeed.assets.partitions import partitions_def
 
-    spec = FAMILIES[family]
     out: dict[str, str] = {}
-    for name in (spec.raw_asset, *(a.name for a in spec.assets)):
-        states = instance.get_status_by_partition(dg.AssetKey(name), keys, PARTITIONS[family])
+    for name in (family.raw.asset, *(a.name for a in family.assets)):
+        states = instance.get_status_by_partition(dg.AssetKey(name), keys, partitions_def(family))
         for key, state in (states or {}).items():
             if state == dg.AssetPartitionStatus.IN_PROGRESS:
                 out[key] = "running"
@@ -144,8 +148,6 @@ def partition_states(instance: Any, family: str, keys: list[str]) -> dict[str, s
 def failure_cause(instance: Any, key: str) -> str:
     """The root cause of the latest failed run of partition ``key``, one line."""
     import dagster as dg
-
-    from zarrfeed.demo import root_cause
 
     runs = instance.get_runs(
         filters=dg.RunsFilter(
@@ -162,3 +164,62 @@ def failure_cause(instance: Any, key: str) -> str:
         if record.dagster_event.message:  # a run failed from outside, e.g. its process gone
             return f"run {runs[0].run_id[:8]}: {record.dagster_event.message}"
     return f"run {runs[0].run_id[:8]} failed"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="per family: missing, stale, failed, running; the fix")
+    reader_options(p, main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from zarrfeed.commands.instance import home_of, open_instance
+    from zarrfeed.resources import ZarrStoreResource
+
+    store = existing_store(args.store)
+    resource = ZarrStoreResource(url=args.store)
+    home = home_of(args.dagster_home)
+    instance = open_instance(home) if home else None
+    summary, entries = [], []
+    try:
+        for component in families():
+            family = component.declaration
+            keys = instance.get_dynamic_partitions(family.partitions) if instance else None
+            states = partition_states(instance, family, keys) if instance else {}
+            total, found = family_status(
+                family, store, resource.catalog(family.name), component.values(), keys, states
+            )
+            counts = {"family": family.name, "partitions": total}
+            for e in found:
+                counts[e.state] = counts.get(e.state, 0) + len(e.keys)
+            summary.append(counts)
+            entries += found
+    finally:
+        if instance is not None:
+            instance.dispose()
+    if args.json:
+        print_json({"instance": str(home) if home else None, "families": summary,
+                    "problems": [e.to_json() for e in entries]})  # fmt: skip
+        return 1 if entries else 0
+    where = f"instance {home}" if home else "no Dagster instance (partitions from the catalog)"
+    print_table(
+        ["family", "partitions", *STATES],
+        [[s["family"], s["partitions"], *(s.get(k, 0) for k in STATES)] for s in summary],
+        title=f"store {store.url}; {where}",
+    )
+    if entries:
+        print_table(
+            ["family", "state", "partitions", "why", "fix"],
+            [
+                [
+                    e.family,
+                    e.state,
+                    ", ".join(e.keys[:5]) + (" …" if len(e.keys) > 5 else ""),
+                    e.why,
+                    e.fix,
+                ]
+                for e in entries
+            ],
+        )
+    else:
+        print("every partition is current")
+    return 1 if entries else 0

@@ -33,12 +33,23 @@ FLAGS = (
 def field_of(path: str) -> tuple[FieldInfo, Any]:
     """The pydantic field at a dotted ``path`` of TrainConfig, and its default."""
     model: type[BaseModel] = TrainConfig
-    defaults: Any = TrainConfig()
+    defaults: Any = TrainConfig.model_construct()  # no validation: the tasks load torch
     *sections, name = path.split(".")
     for section in sections:
         defaults = getattr(defaults, section)
         model = type(defaults)
     return model.model_fields[name], getattr(defaults, name)
+
+
+def add_parser(sub: Any, options: bool = True) -> None:
+    """``options``: the flags, made from the training config (whose package loads torch)
+    only when the command line may name ``train``: ``zarrfeed --help`` stays quick."""
+    p = sub.add_parser(
+        "train", help="train a model on the store (also under torchrun: DDP, one shard per rank)"
+    )
+    if options:
+        add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,28 +115,49 @@ def list_tasks() -> str:
 
 
 class Bar:
-    """A tqdm bar of optimiser steps on stderr, made at the first step (the loader's set-up
-    lines print before it); the trainer's log lines print above it."""
+    """A bar of optimiser steps on stderr (rich, as every zarrfeed display), made at the
+    first step (the loader's set-up lines print before it); the trainer's log lines print
+    above it."""
 
     def __init__(self) -> None:
-        self.bar: Any = None
+        self.progress: Any = None
+        self.task: Any = None
 
     def log(self, line: str) -> None:
-        if self.bar is None:
+        if self.progress is None:
             print(line, flush=True)
         else:
-            self.bar.write(line)
+            self.progress.console.print(line, markup=False, highlight=False)
 
     def __call__(self, step: int, total: int) -> None:
-        if self.bar is None:
-            from tqdm import tqdm
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self.bar = tqdm(total=total, initial=step, unit="step", dynamic_ncols=True)
-        self.bar.update(step - self.bar.n)
+            self.progress = Progress(
+                TextColumn("steps"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=sys.stderr),
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=total, completed=step)
+        self.progress.update(self.task, completed=step)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if self.progress is not None:
+            self.progress.stop()
 
 
 def run(args: argparse.Namespace) -> int:

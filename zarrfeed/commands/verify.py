@@ -2,7 +2,7 @@
 committed partition re-read and compared with what was recorded when it was built.
 
 - each array opens with its recorded shape and dtype, and its content checksum
-  (:mod:`zarrfeed.checksums`) matches the recorded one;
+  (:mod:`zarrfeed.store.checksums`) matches the recorded one;
 - a first-stage partition's raw source still hashes to the recorded ``source_sha256``.
 
 A difference is a *mismatch*, named; a partition built before checksums were recorded, or
@@ -12,13 +12,17 @@ exits 1: nothing unverified may pass for verified in a script.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from zarrfeed.checksums import ATTR, array_sha256
+from zarrfeed.commands.options import existing_store, families, reader_options
+from zarrfeed.commands.output import print_json, print_table
 from zarrfeed.commands.status import RESTORE
+from zarrfeed.families import Family
 from zarrfeed.sources.raw import is_hub, item_sha256, missing_source
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import SOURCE, StoredAsset
 
 
@@ -40,7 +44,9 @@ class Finding:
         }
 
 
-def verify_partition(store: ZarrStore, spec: StoredAsset, key: str, catalog: Any) -> Finding:
+def verify_partition(
+    store: ZarrStore, family: Family, spec: StoredAsset, key: str, catalog: Any
+) -> Finding:
     record = store.commit_record(spec.path, key)
     attrs = record["attrs"]
     sums = attrs.get(ATTR) or {}
@@ -66,13 +72,13 @@ def verify_partition(store: ZarrStore, spec: StoredAsset, key: str, catalog: Any
             "forced rebuild adds them)"
         )
     if SOURCE in spec.inputs:
-        mismatches += _source(spec, key, attrs, catalog, notes)
+        mismatches += _source(family, key, attrs, catalog, notes)
     status = "MISMATCH" if mismatches else ("unverified" if notes else "ok")
     return Finding(spec.name, key, status, mismatches + notes)
 
 
 def _source(
-    spec: StoredAsset, key: str, attrs: dict[str, Any], catalog: Any, notes: list[str]
+    family: Family, key: str, attrs: dict[str, Any], catalog: Any, notes: list[str]
 ) -> list[str]:
     """The raw source against the recorded hash (mismatches; notes when it cannot be read)."""
     item = catalog.get(key)
@@ -80,7 +86,7 @@ def _source(
     if item is None:
         notes.append(
             f"source: not in the catalog (gone?); remove with `zarrfeed partitions remove "
-            f"{spec.family} {key}`"
+            f"{family.name} {key}`"
         )
         return []
     if is_hub(item):
@@ -90,10 +96,10 @@ def _source(
         return []
     gone = missing_source(item)
     if gone is not None:
-        notes.append(f"source: {gone}; {RESTORE.format(family=spec.family, key=key)}")
+        notes.append(f"source: {gone}; {RESTORE.format(family=family.name, key=key)}")
         return []
     try:
-        now = item_sha256(item)
+        now = item_sha256(item, family.raw.files(item))
     except OSError as exc:
         notes.append(f"source: cannot be read ({exc})")
         return []
@@ -106,12 +112,51 @@ def _source(
 
 
 def verify(
-    store: ZarrStore, specs: list[StoredAsset], catalogs: dict[str, Any], key: str | None = None
+    store: ZarrStore,
+    specs: list[tuple[Family, StoredAsset]],
+    catalogs: dict[str, Any],
+    key: str | None = None,
 ) -> list[Finding]:
     """Findings for every committed partition of ``specs`` (or only ``key``)."""
     out = []
-    for spec in specs:
+    for family, spec in specs:
         keys = [key] if key else store.list_partitions(spec.path)
         for k in keys:
-            out.append(verify_partition(store, spec, k, catalogs[spec.family]))
+            out.append(verify_partition(store, family, spec, k, catalogs[family.name]))
     return out
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("verify", help="re-check partitions against checksums and raw sources")
+    p.add_argument("asset", nargs="?", help="only this stored asset")
+    p.add_argument("key", nargs="?", help="only this partition")
+    reader_options(p, main, instance=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    from zarrfeed.commands.inspect import resolve
+    from zarrfeed.resources import ZarrStoreResource
+
+    existing_store(args.store)
+    resource = ZarrStoreResource(url=args.store)
+    declared = [c.declaration for c in families()]
+    specs = [(f, spec) for f in declared for spec in f.assets]
+    if args.asset:
+        wanted = resolve(args.asset, [spec for _, spec in specs])
+        specs = [(f, spec) for f, spec in specs if spec is wanted]
+    catalogs = {f.name: resource.catalog(f.name) for f in declared}
+    findings = verify(resource.store(), specs, catalogs, args.key)
+    bad = [f for f in findings if f.status == "MISMATCH"]
+    unverified = [f for f in findings if f.status == "unverified"]
+    if args.json:
+        print_json([f.to_json() for f in findings])
+    else:
+        print_table(
+            ["asset", "key", "status", "details"],
+            [[f.asset, f.key, f.status, "; ".join(f.details)] for f in findings],
+            title=f"verify {resource.url}",
+            notes=[
+                f"{len(findings)} partitions: {len(bad)} mismatched, {len(unverified)} unverified"
+            ],
+        )
+    return 1 if bad or unverified else 0

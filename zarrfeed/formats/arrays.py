@@ -113,7 +113,7 @@ def read_npz(path: str | Path, key: str | None = None) -> np.ndarray:
                 require_bytes(path, f.tell() + needed, info.file_size, what)
                 if info.compress_type == zipfile.ZIP_DEFLATED:
                     require_inflatable(path, needed, info.compress_size, what)
-                require_allocatable(path, needed, what, "ct")
+                require_allocatable(path, needed, what)
                 buf = np.empty(needed, dtype=np.uint8)
                 got = fill(f, buf)
         except (zipfile.BadZipFile, OSError, EOFError) as exc:
@@ -215,7 +215,7 @@ def read_array_volume(path: str | Path) -> Volume:
         raise InputError(path, "a 3-D (z, y, x) numeric array", f"{data.shape} {data.dtype}")
     # A .npy is memory-mapped, but the build makes a float32 HU copy of it: bound that.
     what = f"the float32 HU copy of a {data.shape} {data.dtype} volume"
-    require_allocatable(path, claimed_bytes(data.shape, 4), what, "ct")
+    require_allocatable(path, claimed_bytes(data.shape, 4), what)
     sidecar = path.with_name(_stem(path) + ".json")
     facts = _merge(path, own, sidecar)
     return Volume(

@@ -246,7 +246,7 @@ def read_dicom_series(
     tagged = _rescale_tags(slices)
     shape = (len(slices), rows, cols)
     what = f"a {'×'.join(map(str, shape))} float32 series volume"
-    require_allocatable(slices[0][0].parent, claimed_bytes(shape, 4), what, "ct")
+    require_allocatable(slices[0][0].parent, claimed_bytes(shape, 4), what)
     volume = np.empty(shape, dtype=np.float32)
     padding = None
     for out_i, in_i in enumerate(order):

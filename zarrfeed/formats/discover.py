@@ -47,6 +47,7 @@ ARRAY_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 SPIKE_FOLDERS = ("spike_packed", "spike")  # preferred first: the camera's own packed stream
 SPIKE_CONFIG = "dataset.json"
+UNKNOWN_LABEL = 255  # a CT-RATE label table's value where a scan has no label row
 T = TypeVar("T")
 
 

@@ -6,22 +6,24 @@ so a hostile or truncated header ends in an :class:`InputError`, never in a huge
 
 A claim the file could honour may still be absurd: a 15 MB ``.nii.gz`` of zeros truly
 inflates to 4 GiB.  :func:`require_allocatable` bounds every allocation a raw item causes by
-what a plausible item of its family holds (:data:`PLAUSIBLE_BYTES`, configurable), and by
-the memory this process can still get (RAM, its cgroup, its address-space limit), so such a
-file fails naming itself, the claim and the bound instead of ``Unable to allocate``.
+what a plausible item of its family holds (a :class:`Bound` its reader or its family
+declares, configurable), and by the memory this process can still get (RAM, its cgroup, its
+address-space limit), so such a file fails naming itself, the claim and the bound instead
+of ``Unable to allocate``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import resource
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
 from zarrfeed.errors import InputError
+from zarrfeed.processes import available_memory
 
 # Deflate cannot expand more than 1032:1 (258-byte matches coded in 2 bits), so a gzip or
 # zip member of n bytes inflates to at most 1032·n.
@@ -62,81 +64,48 @@ def fill(f: BinaryIO, buf: np.ndarray, chunk: int = 16 << 20) -> int:
 
 
 GIB = 1 << 30
-# The most bytes reading one raw item of each family may allocate, overridable with
-# ZARRFEED_MAX_<FAMILY>_BYTES.  CT (the stored volume plus its float32 HU copy): CT-RATE
-# scans are 512×512×(100–900) int16 (0.05–0.47 GB, 0.15–1.4 GB with the copy), a few
-# 1024×1024×(250–900) (up to 1.9 GB, 5.7 GB with the copy); 6 GiB holds 1024²×1024 int16.
-# Spike (one sequence array): a GoPro-spike sample is 360×640 × 137 frames (32 MB decoded),
-# a SpikeZoo one 250×400 × 301 (30 MB); 4 GiB holds 800 samples of 5 bins at 1000×1000.
-# Images (one set): a 16k×16k RGB image is 768 MB; 4 GiB holds ~340 2k×2k RGB images.
-PLAUSIBLE_BYTES = {"ct": 6 * GIB, "spike": 4 * GIB, "images": 4 * GIB}
 
 
-def plausible_bytes(family: str) -> int:
-    """The bound of ``family`` (``ct``, ``spike``, ``images``), from the environment if set."""
-    name = f"ZARRFEED_MAX_{family.upper()}_BYTES"
-    value = os.environ.get(name)
-    if value is None:
-        return PLAUSIBLE_BYTES[family]
-    try:
-        return int(float(value))
-    except ValueError:
-        from zarrfeed.errors import ConfigError
+@dataclass(frozen=True)
+class Bound:
+    """The most bytes reading one raw item of ``family`` may allocate, overridable with
+    ``ZARRFEED_MAX_<FAMILY>_BYTES``."""
 
-        raise ConfigError(f"{name}={value!r}: expected a number of bytes") from None
+    family: str
+    nbytes: int
 
+    @property
+    def variable(self) -> str:
+        return f"ZARRFEED_MAX_{self.family.upper()}_BYTES"
 
-def _meminfo(field: str) -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    def value(self) -> int:
+        text = os.environ.get(self.variable)
+        if text is None:
+            return self.nbytes
+        try:
+            return int(float(text))
+        except ValueError:
+            from zarrfeed.errors import ConfigError
 
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max": no limit
+            raise ConfigError(f"{self.variable}={text!r}: expected a number of bytes") from None
 
 
-def _self_vm_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+# The volume readers' bound (NIfTI, DICOM series, .npy/.npz volumes), CT's: the stored volume
+# plus its float32 HU copy.  CT-RATE scans are 512×512×(100–900) int16 (0.05–0.47 GB,
+# 0.15–1.4 GB with the copy), a few 1024×1024×(250–900) (up to 1.9 GB, 5.7 GB with the
+# copy); 6 GiB holds 1024²×1024 int16.
+VOLUMES = Bound("ct", 6 * GIB)
 
 
-def available_memory() -> int:
-    """Bytes this process can still allocate: the least of the machine's available memory,
-    what its cgroup (a container's memory limit) leaves, and what its address-space limit
-    (``ulimit -v``) leaves."""
-    bounds = [b for b in (_meminfo("MemAvailable"),) if b is not None]
-    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
-    if limit is not None and used is not None:
-        bounds.append(max(limit - used, 0))
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        bounds.append(max(soft - _self_vm_bytes(), 0))
-    return min(bounds) if bounds else 1 << 62
-
-
-def require_allocatable(path: str | Path, needed: int, what: str, family: str) -> None:
+def require_allocatable(path: str | Path, needed: int, what: str, bound: Bound = VOLUMES) -> None:
     """Refuse ``path`` before allocating ``needed`` bytes for ``what`` when that is more
-    than a plausible ``family`` item takes or than this process can still get."""
-    bound = plausible_bytes(family)
-    if needed > bound:
+    than a plausible item within ``bound`` takes or than this process can still get."""
+    most = bound.value()
+    if needed > most:
         raise InputError(
             path,
-            f"at most {bound} bytes for a plausible {family} item "
-            f"(raise ZARRFEED_MAX_{family.upper()}_BYTES if it is real)",
+            f"at most {most} bytes for a plausible {bound.family} item "
+            f"(raise {bound.variable} if it is real)",
             f"{needed} bytes for {what}",
         )
     free = available_memory()

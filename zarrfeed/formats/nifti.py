@@ -99,7 +99,7 @@ def _require_memory(path: Path, layout: _Layout) -> None:
     """The volume and the float32 HU copy a build makes of it must be plausible and fit."""
     hu_copy = claimed_bytes(layout.shape, 4)
     what = f"{layout.describe()} and its float32 HU copy"
-    require_allocatable(path, layout.offset + layout.nbytes + hu_copy, what, "ct")
+    require_allocatable(path, layout.offset + layout.nbytes + hu_copy, what)
 
 
 # What a millimetre is in each of the header's xyz units; "unknown" is taken as mm.

@@ -13,36 +13,37 @@ import logging
 
 import dagster as dg
 
-from zarrfeed.assets.build import OWNERS
-from zarrfeed.assets.partitions import PARTITIONS
-from zarrfeed.bulk import gc_paused
-from zarrfeed.jobs.build import datasets_build
+from zarrfeed.assets.partitions import partitions_def
+from zarrfeed.families import Family
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog
-from zarrfeed.store.contract import FAMILIES
+from zarrfeed.store.bulk import gc_paused
 
 
-def discovery_sensor(family: str, job) -> dg.SensorDefinition:
-    partitions, raw_asset = PARTITIONS[family], FAMILIES[family].raw_asset
-    dataset = dg.AssetKey(f"{FAMILIES[family].dataset.name}_dataset")
+def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
+    """New and changed raw items of ``declared`` become partitions and runs of ``job``; a
+    changed set of conflicting keys, a run of ``dataset_job`` (the manifest leaves them
+    out)."""
+    partitions, raw_asset = partitions_def(declared), declared.raw.asset
+    dataset = dg.AssetKey(declared.dataset_asset)
+    family = declared.name
 
     @dg.sensor(
-        name=f"{family}_discovery",
-        jobs=[job, datasets_build],
+        name=declared.discovery,
+        jobs=[job, dataset_job],
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Scans the raw folder for {family} items: new ones become partitions, "
         "new and changed ones get a build run, vanished ones are reported.",
         tags={"family": family, "stage": "discovery"},
-        owners=OWNERS,
     )
     def _discover(
         context: dg.SensorEvaluationContext, raw: RawFolderResource, zarr_store: ZarrStoreResource
     ) -> dg.SensorResult | dg.SkipReason:
         with gc_paused():  # 50,000 catalog items and listings, none of them garbage
             catalog = zarr_store.catalog(family)
-            scan = raw.scan(family)
+            scan = raw.scan(declared)
             changes = catalog.update(raw.origin, scan)
             report_skipped(context.log, catalog, raw.origin, family, scan.skipped)
             index = catalog.index()  # kept by update: no second read
@@ -70,7 +71,7 @@ def discovery_sensor(family: str, job) -> dg.SensorDefinition:
             if cursor != (context.cursor or _digest("[]")):
                 requests.append(
                     dg.RunRequest(
-                        job_name=datasets_build.name,
+                        job_name=dataset_job.name,
                         asset_selection=[dataset],
                         run_key=f"{family}:conflicts:{cursor}",
                         tags={"zarrfeed/reason": "conflicting raw items changed"},
@@ -134,17 +135,21 @@ def _digest(*parts: str) -> str:
 
 
 def discover_into(
-    instance: dg.DagsterInstance, family: str, raw: RawFolderResource, zarr_store: ZarrStoreResource
+    instance: dg.DagsterInstance,
+    family: Family,
+    raw: RawFolderResource,
+    zarr_store: ZarrStoreResource,
 ) -> list[str]:
     """What a discovery tick does, done now: record the raw folder's items in the catalog and
     add their partitions (for the demo, the CLI and tests).  Returns every catalogued key."""
-    catalog = zarr_store.catalog(family)
+    catalog = zarr_store.catalog(family.name)
     with gc_paused():
         scan = raw.scan(family)
         catalog.update(raw.origin, scan)
-        report_skipped(logging.getLogger("zarrfeed"), catalog, raw.origin, family, scan.skipped)
+        log = logging.getLogger("zarrfeed")
+        report_skipped(log, catalog, raw.origin, family.name, scan.skipped)
         keys = sorted(catalog.index())
-    name = PARTITIONS[family].name
+    name = family.partitions
     known = set(instance.get_dynamic_partitions(name))
     instance.add_dynamic_partitions(name, [k for k in keys if k not in known])
     return keys

@@ -22,7 +22,6 @@ import time
 
 import dagster as dg
 
-from zarrfeed.assets.build import OWNERS
 from zarrfeed.processes import HOST_TAG, host_identity, process_alive, rebooted
 
 IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
@@ -74,7 +73,6 @@ def fail_dead_runs(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
     description="Fails runs of this host whose process is gone (killed `dg launch`, demo or "
     "in-process runs that Dagster's run monitoring does not watch), freeing their slots.",
     tags={"stage": "maintenance"},
-    owners=OWNERS,
 )
 def dead_runs(context: dg.SensorEvaluationContext) -> dg.SkipReason:
     t0 = time.monotonic()

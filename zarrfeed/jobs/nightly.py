@@ -1,11 +1,9 @@
 """Nightly schedules: rebuild exactly the partitions that are missing or out of date.
 
-Out of date has one meaning, the data contract's (``zarrfeed.store.contract.stale_reason``):
-the committed fingerprint differs from the one the current code, settings and inputs give.
-The evaluation reads the family's catalog index once and the commit-record summaries of each
-stored asset (``ZarrStore.record_summaries``: one listing, then only the records that changed
-since the last evaluation) — no raw file is read or hashed — so it stays cheap at tens of
-thousands of partitions, also on an object store.
+Out of date has one meaning, the data contract's (:meth:`zarrfeed.families.Family.out_of_date`
+over ``zarrfeed.store.contract.stale_reason``): the committed fingerprint differs from the one
+the current code, settings and inputs give.  The settings are the ones the family's assets
+were defined with, so what the schedule calls stale is what the UI shows stale.
 """
 
 from collections.abc import Mapping
@@ -13,80 +11,34 @@ from typing import Any
 
 import dagster as dg
 
-from zarrfeed.assets.build import OWNERS
-from zarrfeed.assets.partitions import PARTITIONS
-from zarrfeed.bulk import gc_paused
+from zarrfeed.families import Family
 from zarrfeed.jobs.queue import PER_TICK, BuildQueue
-from zarrfeed.resources import CTSettings, ImageSettings, SpikeSettings, ZarrStoreResource
-from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import source_identity
-from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import FAMILIES, SOURCE, Family, stale_reason
+from zarrfeed.resources import ZarrStoreResource
+from zarrfeed.store.bulk import gc_paused
 
 NIGHTLY_CRON = "0 2 * * *"
 
 
-def out_of_date(
-    family: Family,
-    store: ZarrStore,
-    settings: Mapping[str, Any],
-    keys: list[str],
-    index: Mapping[str, RawItem],
-) -> dict[str, str]:
-    """Partition key → why it needs a build, for every key of ``keys`` that does."""
-    records = {spec.name: store.record_summaries(spec.path) for spec in family.assets}
-    first = [s for s in family.assets if SOURCE in s.inputs]
-    reasons = {}
-    for key in keys:
-        item = index.get(key)
-        if item is None or item.conflict:
-            continue  # no source, or one of two: the discovery sensor reports those
-        head = records[first[0].name].get(key)
-        if head is None:
-            reasons[key] = f"{first[0].name} missing"
-            continue
-        if any(
-            (records[s.name].get(key) or {}).get("attrs", {}).get("source_stamp") != item.stamp
-            for s in first
-        ):
-            reasons[key] = "raw item changed"
-            continue
-        source = source_identity(item, head["attrs"]["source_sha256"])
-        expected = family.expected(settings, key, source)
-        for spec in family.assets:
-            why = stale_reason(records[spec.name].get(key), expected[spec.name])
-            if why:
-                reasons[key] = f"{spec.name}: {why}"
-                break
-    return reasons
-
-
-def nightly_schedule(family: str, job) -> dg.ScheduleDefinition:
-    declared, partitions = FAMILIES[family], PARTITIONS[family]
+def nightly_schedule(declared: Family, job, settings: Mapping[str, Any]) -> dg.ScheduleDefinition:
+    """The family's nightly rebuild, judging staleness with ``settings``: the family's
+    assets' own (``zarrfeed.assets.family.family_defs`` makes both)."""
+    family, values = declared.name, declared.values(settings)
 
     @dg.schedule(
-        name=f"{family}_nightly",
+        name=declared.nightly,
         cron_schedule=NIGHTLY_CRON,
         job=job,
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Rebuilds the {family} partitions that are missing or out of date "
         "(changed source, settings or code).",
         tags={"family": family, "stage": "build"},
-        owners=OWNERS,
     )
-    def _nightly(
-        context: dg.ScheduleEvaluationContext,
-        zarr_store: ZarrStoreResource,
-        ct_settings: CTSettings,
-        spike_settings: SpikeSettings,
-        image_settings: ImageSettings,
-    ):
-        settings = {"ct": ct_settings, "spike": spike_settings, "images": image_settings}[family]
+    def _nightly(context: dg.ScheduleEvaluationContext, zarr_store: ZarrStoreResource):
         store = zarr_store.store()
-        keys = list(context.instance.get_dynamic_partitions(partitions.name))
+        keys = list(context.instance.get_dynamic_partitions(declared.partitions))
         with gc_paused():  # records and catalog items of every partition, none garbage
             index = zarr_store.catalog(family).index()
-            reasons = out_of_date(declared, store, settings.values(), keys, index)
+            reasons = declared.out_of_date(store, values, keys, index)
         when = context.scheduled_execution_time.strftime("%Y-%m-%d")
         ordered = sorted(reasons.items())
         now, later = ordered[:PER_TICK], ordered[PER_TICK:]
@@ -121,5 +73,4 @@ store_maintenance_nightly = dg.ScheduleDefinition(
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Removes versions crashed or interrupted writers left in the store.",
     tags={"stage": "maintenance"},
-    owners=OWNERS,
 )

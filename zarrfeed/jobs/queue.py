@@ -21,6 +21,7 @@ import dagster as dg
 from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.keys import check_asset
+from zarrfeed.store.layout import catalog_path
 
 PER_TICK = 500  # run requests one tick may return
 IN_FLIGHT = 2000  # queued + running runs of one family above which nothing more is released
@@ -37,7 +38,7 @@ class BuildQueue:
 
     def __init__(self, backend: Backend, family: str) -> None:
         self.backend, self.family = backend, check_asset(family)
-        self.path = backend.join(".zarrfeed", "catalog", family, "queue.json")
+        self.path = backend.join(catalog_path(family), "queue.json")
 
     def load(self) -> dict[str, str]:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from zarrfeed.sources import CTRateHub
+from zarrfeed.sources.hub import DEFAULT_REPO
 
 
 class HuggingFaceResource(dg.ConfigurableResource):
@@ -15,13 +16,12 @@ class HuggingFaceResource(dg.ConfigurableResource):
     huggingface_hub) or ``endpoint`` points at another hub.
     """
 
-    repo_id: str = "ibrahimhamamci/CT-RATE"
+    repo_id: str = DEFAULT_REPO
     revision: str = "main"
     split: str = "valid"  # the *_fixed folder of this split
     cache_dir: str | None = None  # default: the huggingface_hub cache (HF_HUB_CACHE)
     endpoint: str | None = None
     max_scans: int | None = None  # a cap for trial runs
-    download_retries: int = 4
     delete_after_commit: bool = False  # remove each download once its HU volume is committed
 
     def hub(self) -> CTRateHub:
@@ -32,5 +32,4 @@ class HuggingFaceResource(dg.ConfigurableResource):
             cache_dir=self.cache_dir,
             endpoint=self.endpoint,
             max_scans=self.max_scans,
-            retries=self.download_retries,
         )

@@ -3,32 +3,30 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from zarrfeed.sources.raw import Scan, raw_origin, scan_ct, scan_images, scan_spike
+from zarrfeed import defaults
+from zarrfeed.sources.raw import Scan, raw_origin
 
-SCANNERS: dict[str, Callable[[str], Scan]] = {
-    "ct": scan_ct,
-    "spike": scan_spike,
-    "images": scan_images,
-}
+if TYPE_CHECKING:
+    from zarrfeed.families import Family
 
 
 class RawFolderResource(dg.ConfigurableResource):
     """The raw-data folder: CT volumes (NIfTI, DICOM series, ``.npy``/``.npz`` with their
     spacing), spike sequences, image sets, and CT-RATE's CSVs."""
 
-    root: str = "data/raw"
+    root: str = defaults.RAW
 
     @property
     def origin(self) -> str:
         return raw_origin(self.root)
 
-    def scan(self, family: str) -> Scan:
+    def scan(self, family: Family) -> Scan:
         """Key → catalog entry of every raw item of ``family`` (no file is read), and the
-        broken entries skipped (``.skipped``).  Locations
-        are absolute: a relative root (the .env default) and the same folder given absolute
-        (``zarrfeed demo``) must not make every item look changed."""
-        return SCANNERS[family](os.path.abspath(self.root))
+        broken entries skipped (``.skipped``).  Locations are absolute: a relative root (the
+        .env default) and the same folder given absolute (``zarrfeed demo``) must not make
+        every item look changed."""
+        return family.raw.scan(os.path.abspath(self.root))

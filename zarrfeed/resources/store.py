@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 
+from zarrfeed import defaults
 from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import ZarrStore
@@ -22,7 +23,7 @@ class ZarrStoreResource(dg.ConfigurableResource):
     only.  They never enter the store's URL, its identity, metadata, logs or error messages.
     """
 
-    url: str = "data/zarrfeed.zarr"
+    url: str = defaults.STORE
     endpoint_url: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None

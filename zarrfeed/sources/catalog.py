@@ -27,8 +27,8 @@ from zarrfeed.errors import StoreError
 from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.keys import check_asset, check_key
+from zarrfeed.store.layout import catalog_path
 
-CATALOG = ".zarrfeed/catalog"
 # Store identity + index path → (the index object's size and change stamp, its items): a
 # sensor's code server re-reads an index of 50,000 items every tick, mostly unchanged.
 _PARSED: dict[str, tuple[tuple[int, str], dict[str, RawItem]]] = {}
@@ -113,7 +113,7 @@ class RawCatalog:
 
     def __init__(self, backend: Backend, family: str) -> None:
         self.backend, self.family = backend, check_asset(family)
-        self._folder = backend.join(CATALOG, family)
+        self._folder = backend.join(catalog_path(family))
         self._index_path = f"{self._folder}/index.json"
         self._index: dict[str, RawItem] | None = None  # as this object last read or wrote it
         self._cache_key = f"{backend.identity}/{self._index_path}"

@@ -6,8 +6,11 @@
   per commit next to the hub cache: a commit's tree never changes, so the next listing of the
   same commit reads it, and discovery also works offline (``HF_HUB_OFFLINE=1``) from the last
   listing, or from whatever files the cache holds.
-* Downloads go through ``hf_hub_download`` (size/ETag checks, in-call resume of a cut
-  transfer with Range requests), retried with exponential back-off on network errors.
+* Downloads go through ``hf_hub_download`` (size/ETag checks, a cut transfer resumed with
+  Range requests), and the listing through the client's paginated API: their retries are the
+  client's own (back-off on network errors, 429 and 5xx while listing; resumes while
+  transferring).  What still fails becomes one :class:`HubError` saying what to do, and the
+  partition fails as retryable (Dagster's run retries try it again).
 * The token comes from ``HF_TOKEN`` (or the argument) and never appears in an error.
 """
 
@@ -16,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -87,8 +89,6 @@ class CTRateHub:
         cache_dir: str | Path | None = None,
         endpoint: str | None = None,
         max_scans: int | None = None,
-        retries: int = 4,
-        backoff_s: float = 1.0,
     ) -> None:
         if split not in ("train", "valid"):
             raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
@@ -96,7 +96,7 @@ class CTRateHub:
         self._token = token or os.environ.get("HF_TOKEN") or None
         self.cache_dir = Path(cache_dir or constants.HF_HUB_CACHE)
         self.endpoint = endpoint or constants.ENDPOINT
-        self.max_scans, self.retries, self.backoff_s = max_scans, retries, backoff_s
+        self.max_scans = max_scans
         self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
 
     def __repr__(self) -> str:  # no token
@@ -123,35 +123,27 @@ class CTRateHub:
             )
         return HubError(f"{what}: {type(exc).__name__}: {_redact(str(exc), self._token)}")
 
-    def _retry(self, what: str, call):
-        """``call()`` with exponential back-off on network errors; HTTP errors are explained."""
-        for attempt in range(self.retries + 1):
-            try:
-                return call()
-            except OfflineModeIsEnabled:
-                raise
-            except NETWORK_ERRORS as exc:
-                if attempt == self.retries:
-                    raise HubError(
-                        f"{what}: network failure after {attempt + 1} attempts "
-                        f"({type(exc).__name__}); nothing was committed, retry later"
-                    ) from exc
-                delay = self.backoff_s * 2**attempt
-                log.warning("%s: %s, retrying in %.1fs", what, type(exc).__name__, delay)
-                time.sleep(delay)
-            except HfHubHTTPError as exc:
-                if _status(exc) in (429, 500, 502, 503, 504) and attempt < self.retries:
-                    time.sleep(self.backoff_s * 2**attempt)
-                    continue
-                raise self._explain(exc, what) from exc
-        raise AssertionError("unreachable")
+    def _call(self, what: str, call):
+        """``call()``, its failures explained: network errors and HTTP errors become a
+        :class:`HubError` (the client has retried what it retries)."""
+        try:
+            return call()
+        except OfflineModeIsEnabled:
+            raise
+        except NETWORK_ERRORS as exc:
+            raise HubError(
+                f"{what}: network failure ({type(exc).__name__}); nothing was committed, retry "
+                "later"
+            ) from exc
+        except HfHubHTTPError as exc:
+            raise self._explain(exc, what) from exc
 
     # revision and listing -----------------------------------------------------------------
     def resolve(self) -> str:
         """The commit the revision points to (from the last listing when offline)."""
         ref = self._listings / "refs" / self.revision
         try:
-            sha = self._retry(
+            sha = self._call(
                 f"resolving {self.repo_id}@{self.revision}",
                 lambda: self.api.dataset_info(self.repo_id, revision=self.revision).sha,
             )
@@ -185,7 +177,7 @@ class CTRateHub:
                 )
             )
 
-        entries = self._retry(f"listing {folder}", walk)
+        entries = self._call(f"listing {folder}", walk)
         found = by_key(
             HubVolume(
                 sanitise_key(ct_stem(Path(e.path))),
@@ -256,7 +248,7 @@ class CTRateHub:
             )
 
         try:
-            return Path(self._retry(f"downloading {path}", get))
+            return Path(self._call(f"downloading {path}", get))
         except LocalEntryNotFoundError as exc:
             raise HubError(
                 f"downloading {path}: offline and not in the cache {self.cache_dir}"

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zarrfeed.errors import InputError
 from zarrfeed.formats.ct import CTItem
@@ -30,9 +30,11 @@ from zarrfeed.formats.discover import (
     walk_tree,
 )
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.hub import CTRateHub, HubVolume
 from zarrfeed.store.provenance import file_sha256
 from zarrfeed.transforms.hu import csv_rescale
+
+if TYPE_CHECKING:
+    from zarrfeed.sources.hub import CTRateHub, HubVolume
 
 HF_PREFIX = "hf://datasets/"
 
@@ -192,15 +194,6 @@ def missing_source(item: RawItem) -> str | None:
     return f"{item.location} is missing"
 
 
-def item_files(item: RawItem) -> list[Path]:
-    """Every local file a raw item reads, in a stable order."""
-    if item.kind == "spike":
-        return spike_sequence(item).files()
-    if item.kind == "images":
-        return image_files(Path(item.location))
-    return list(ct_item(item).sources())
-
-
 class SourceWatch:
     """The files a local raw item reads, as they were when a build began.
 
@@ -208,12 +201,13 @@ class SourceWatch:
     replaced meanwhile would leave a partition made of two versions of the source, or of
     fewer samples.  :meth:`verify` after reading fails the partition naming the file instead
     (size, mtime in nanoseconds and inode: a rewrite or an atomic replacement both show).
-    Hub items are pinned by their commit and never change.
+    Hub items are pinned by their commit and never change.  ``files``: every local file the
+    item reads (its family's ``RawSource.files``).
     """
 
-    def __init__(self, item: RawItem) -> None:
+    def __init__(self, item: RawItem, files: list[Path]) -> None:
         self.location = item.location
-        files = [] if is_hub(item) else item_files(item)
+        files = [] if is_hub(item) else files
         # An item that is a folder (a series, a sequence, an image set) also changes when a
         # member is added: its member folders' mtimes say so.
         folders = sorted({p.parent for p in files}) if os.path.isdir(item.location) else []
@@ -238,11 +232,11 @@ class SourceWatch:
                 )  # fmt: skip
 
 
-def item_sha256(item: RawItem) -> str:
-    """The content hash of a local raw item: of its file, or over the names and hashes of
-    its files (a DICOM series, a sequence or image folder)."""
-    files = item_files(item)
-    if len(files) == 1 and item.kind != "images":
+def item_sha256(item: RawItem, files: list[Path]) -> str:
+    """The content hash of a local raw item that reads ``files``: of its file when the item
+    is that file, else over the names and hashes of its files (a DICOM series, a sequence or
+    an image folder)."""
+    if [Path(item.location)] == files:
         return file_sha256(files[0])
     h = hashlib.sha256()
     base = Path(item.location)

@@ -17,7 +17,6 @@ removal deletes first, so a reader racing a rebuild fails loudly instead of retu
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,13 +29,10 @@ from numcodecs import blosc
 from zarr.codecs import BloscCodec, BytesCodec
 
 from zarrfeed.errors import StoreError
+from zarrfeed.processes import usable_cpus
 from zarrfeed.store.backends import Backend
 
 Region = tuple[slice, ...]
-
-
-def usable_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
@@ -146,7 +142,7 @@ class ChunkedArray:
         """Encoded bytes of chunks ``coords`` (None for chunks never written)."""
         assert self.layout is not None
         paths = [f"{self.folder}/{self.layout.encode_key(c)}" for c in coords]
-        found = self.backend.read_many(paths, threads or usable_threads())
+        found = self.backend.read_many(paths, threads or usable_cpus())
         if any(b is None for b in found):
             self._check_alive()
         return found
@@ -250,7 +246,7 @@ def _fan_out(
 ) -> None:
     """Fetch chunks in batches and decode them in ``threads`` threads (Blosc releases the GIL);
     a batch bounds the encoded bytes held at once."""
-    workers = max(1, min(threads or usable_threads(), 8))
+    workers = max(1, min(threads or usable_cpus(), 8))
     for start in range(0, len(coords), batch):
         part = coords[start : start + batch]
         found = fetch(part, workers)
@@ -301,7 +297,7 @@ def write_from(
         coded = blosc.compress(block, layout.cname, layout.clevel, layout.shuffle, layout.blocksize)
         return layout.encode_key(coords), coded
 
-    workers = max(1, min(threads or usable_threads(), 8))
+    workers = max(1, min(threads or usable_cpus(), 8))
     for part in _batches(layout.all_chunks(), 64):
         if workers == 1:
             coded = [encode(c) for c in part]

@@ -20,7 +20,8 @@ partition stays a handful of files.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 from zarr.codecs import BloscCodec
@@ -77,3 +78,19 @@ def chunks_for(
         if grow < -(-shape[axis] // chunks[axis]):
             break
     return chunks, tuple(shards)
+
+
+def codec_text(codec: Mapping[str, Any] | None) -> str:
+    """``{"name": "blosc", "configuration": {"cname": "zstd", "clevel": 3, ...}}`` →
+    ``blosc zstd level 3, bitshuffle``."""
+    if not codec:
+        return "none"
+    conf = codec.get("configuration") or {}
+    words = [codec.get("name", "?")]
+    if "cname" in conf:
+        words.append(str(conf["cname"]))
+    if "clevel" in conf or "level" in conf:
+        words.append(f"level {conf.get('clevel', conf.get('level'))}")
+    text = " ".join(words)
+    shuffle = conf.get("shuffle")
+    return f"{text}, {shuffle}" if shuffle and shuffle != "noshuffle" else text

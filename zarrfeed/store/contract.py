@@ -1,19 +1,18 @@
-"""The data contract: every stored asset declared once.
+"""The data contract's types and rules: what a stored asset declares, and when a partition
+is current.
 
-Each :class:`StoredAsset` says where its partitions live in the store, which arrays they hold
+A :class:`StoredAsset` says where its partitions live in the store, which arrays they hold
 (dims, dtype, how training reads them), its code version, which settings and which inputs make
-up a partition's *fingerprint*, and its blocking checks.  Everything else derives from these
-declarations: the Dagster asset definitions (keys, deps, code versions, checks,
-descriptions), the one build routine that writes every partition, training's readers (store
-paths and array names), and the single notion of "out of date" used by reuse, the UI and the
-nightly schedules:
+up a partition's *fingerprint*, and its blocking checks.  The declarations themselves are the
+families' (``zarrfeed.families``); Dagster assets, the build routine, manifests, the nightly
+schedules and training's readers all derive from them, and share one notion of "out of date":
 
     a partition is current when its committed fingerprint equals the fingerprint computed now
     from the asset's code version, the settings it declares, and its inputs (the raw item's
     content hash and evidence for the first stage, the upstream partitions' fingerprints for
     the others).
 
-Settings are plain values here (resources hand them in), so this module imports no Dagster.
+Settings are plain values here, so this module imports no Dagster.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from zarrfeed.store.codecs import Content, Read
@@ -43,6 +42,15 @@ class ArraySpec:
 
 
 @dataclass(frozen=True)
+class Check:
+    """A blocking check of a stored asset's partitions: a partition failing one is committed
+    for inspection but never enters a dataset."""
+
+    name: str
+    description: str  # what it verifies, shown in the UI next to each result
+
+
+@dataclass(frozen=True)
 class StoredAsset:
     """An asset whose partitions are committed to the store."""
 
@@ -55,7 +63,7 @@ class StoredAsset:
     params: tuple[str, ...] = ()  # settings that shape every partition
     keyed_params: tuple[str, ...] = ()  # mappings of settings by partition key (overrides)
     inputs: tuple[str, ...] = (SOURCE,)  # SOURCE and/or names of upstream stored assets
-    checks: tuple[str, ...] = ()  # blocking: a partition failing one never enters a dataset
+    checks: tuple[Check, ...] = ()  # blocking: a partition failing one never enters a dataset
     kinds: frozenset[str] = frozenset({"zarr", "numpy"})
 
     def settings_of(self, settings: Mapping[str, Any], key: str | None = None) -> dict[str, Any]:
@@ -89,52 +97,21 @@ class StoredAsset:
             names.extend(settings[spec.per] if spec.per else [spec.name])
         return names
 
+    @property
+    def check_names(self) -> list[str]:
+        return [c.name for c in self.checks]
+
+    @property
+    def upstream(self) -> list[str]:
+        """The stored assets whose partitions this one reads (its inputs but the source)."""
+        return [i for i in self.inputs if i != SOURCE]
+
     def array(self, name: str) -> ArraySpec:
         """The spec of array ``name`` (a window name finds its ``per`` spec)."""
         for spec in self.arrays:
             if spec.name == name or spec.per:
                 return spec
         raise KeyError(f"{self.name} declares no array {name!r}")
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """What training consumes: the keys complete (and passing every blocking check) in all
-    of ``assets``, plus consolidated tables (``datasets/<name>/<table>``)."""
-
-    name: str
-    assets: tuple[StoredAsset, ...]
-    tables: Mapping[str, tuple[StoredAsset, tuple[str, ...]]] = field(default_factory=dict)
-
-    @property
-    def path(self) -> str:
-        return f"datasets/{self.name}"
-
-
-@dataclass(frozen=True)
-class Family:
-    """A kind of raw item and the stored assets built from it, partition by partition."""
-
-    name: str
-    partitions: str  # the dynamic partitions definition's name
-    raw_asset: str
-    dataset: Dataset
-
-    @property
-    def assets(self) -> tuple[StoredAsset, ...]:
-        """Its stored assets, each after the ones it reads."""
-        return self.dataset.assets
-
-    def expected(
-        self, settings: Mapping[str, Any], key: str, source: Mapping[str, Any]
-    ) -> dict[str, str]:
-        """The fingerprint each stored asset's partition ``key`` should have now, given the
-        raw item's identity ``source`` (assets in dependency order)."""
-        out: dict[str, str] = {}
-        for spec in self.assets:
-            inputs = {i: (source if i == SOURCE else out[i]) for i in spec.inputs}
-            out[spec.name] = spec.fingerprint(settings, key, inputs)
-        return out
 
 
 def stale_reason(record: Mapping[str, Any] | None, expected: str) -> str | None:
@@ -166,143 +143,3 @@ def _plain(value: Any) -> Any:
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-
-
-# -- the declarations ----------------------------------------------------------------------
-
-ZYX = ("z", "y", "x")
-
-CT_HU = StoredAsset(
-    name="ct_hu",
-    path="ct/hu",
-    family="ct",
-    version="3",  # 3: DICOM reoriented to (S, A, R); NIfTI units and method-1 geometry
-    arrays=(ArraySpec("hu", ZYX, "int16"),),
-    description=(
-        "CT volume in Hounsfield units (int16), the rescale decided from all the evidence, "
-        "padding turned to air, resampled to the configured spacing, optionally cropped or "
-        "padded to a fixed shape, clipped to [-1024, 3071]."
-    ),
-    params=("spacing_zyx_mm", "crop_pad_zyx"),
-    keyed_params=("hu_overrides",),
-    checks=("hu_range", "hu_plausible", "matches_source"),
-)
-CT_WINDOWS = StoredAsset(
-    name="ct_windows",
-    path="ct/windows",
-    family="ct",
-    version="1",
-    arrays=(ArraySpec("window", ZYX, "float16", per="windows"),),
-    description="float16 windowed volumes in [0, 1], one array per configured window, "
-    "chunked 64³ for patch reads.",
-    params=("windows",),
-    inputs=("ct_hu",),
-    checks=("window_range",),
-)
-CT_SPARSE = StoredAsset(
-    name="ct_sparse",
-    path="ct/sparse",
-    family="ct",
-    version="1",
-    arrays=(ArraySpec("coords", ("point", "axis"), "uint16", read="rows", per="windows"),),
-    description="uint16 (N, 3) coordinates of occupied cells per window: a voxel is occupied "
-    "where its windowed value exceeds the threshold, on a sparse_grid³ grid (TRELLIS-style) "
-    "or at full resolution.",
-    params=("windows", "sparse_threshold", "sparse_grid"),
-    inputs=("ct_hu",),
-    checks=("min_points", "in_bounds"),
-)
-CT_PATCHES = StoredAsset(
-    name="ct_patches",
-    path="ct/patches",
-    family="ct",
-    version="1",
-    arrays=(
-        ArraySpec("origins", ("patch", "axis"), "uint16", read="rows"),
-        ArraySpec("fraction", ("patch",), "float32", read="rows"),
-    ),
-    description="Origins of the patches that are mostly body, with their body fractions: "
-    "training samples patches from this index instead of rejecting air at load time.",
-    params=("patch_zyx", "patch_stride_zyx", "body_hu", "min_body_fraction"),
-    inputs=("ct_hu",),
-    checks=("non_empty", "in_bounds"),
-)
-SPIKE_VOXELS = StoredAsset(
-    name="spike_voxels",
-    path="spike/voxels",
-    family="spike",
-    version="1",
-    arrays=(ArraySpec("voxels", ("sample", "bin", "y", "x"), "uint8", "sample", "events"),),
-    description="uint8 (samples, bins, H, W) spike counts: each sample's camera frames "
-    "summed per bin.",
-    params=("bins",),
-    checks=("counts_valid",),
-)
-SPIKE_FRAMES = StoredAsset(
-    name="spike_frames",
-    path="spike/frames",
-    family="spike",
-    version="1",
-    arrays=(
-        ArraySpec("blur", ("sample", "y", "x", "c"), "uint8", "sample"),
-        ArraySpec("sharp", ("sample", "y", "x", "c"), "uint8", "sample"),
-    ),
-    description="uint8 (samples, H, W, 3) blurred and sharp frames, sample-aligned with the "
-    "spike voxels.",
-    checks=("frames_aligned",),
-)
-IMAGE_STORE = StoredAsset(
-    name="image_store",
-    path="images/images",
-    family="images",
-    version="1",
-    arrays=(ArraySpec("images", ("image", "y", "x", "c"), ("uint8", "uint16"), "sample"),),
-    description="(N, H, W, C) images of one set, one chunk per image; file names in the "
-    "provenance.",
-    checks=("uniform_shape",),
-)
-IMAGE_PATCHES = StoredAsset(
-    name="image_patches",
-    path="images/patches",
-    family="images",
-    version="1",
-    arrays=(
-        ArraySpec("items", ("patch",), "uint32", read="rows"),
-        ArraySpec("origins", ("patch", "axis"), "uint16", read="rows"),
-        ArraySpec("fraction", ("patch",), "float32", read="rows"),
-    ),
-    description="Patch origins (image, y, x) whose foreground fraction passes the filter: "
-    "training crops first, then processes.",
-    params=("patch_yx", "stride_yx", "foreground", "min_foreground_fraction"),
-    inputs=("image_store",),
-    checks=("non_empty", "in_bounds"),
-)
-
-CT_DATASET = Dataset(
-    "ct",
-    (CT_HU, CT_WINDOWS, CT_SPARSE, CT_PATCHES),
-    {"patches": (CT_PATCHES, ("origins", "fraction"))},
-)
-SPIKE_DATASET = Dataset("spike", (SPIKE_VOXELS, SPIKE_FRAMES))
-IMAGE_DATASET = Dataset(
-    "image", (IMAGE_STORE, IMAGE_PATCHES), {"patches": (IMAGE_PATCHES, ("items", "origins"))}
-)
-
-FAMILIES = {
-    f.name: f
-    for f in (
-        Family("ct", "ct_scans", "ct_raw_scan", CT_DATASET),
-        Family("spike", "spike_sequences", "spike_raw_sequence", SPIKE_DATASET),
-        Family("images", "image_sets", "image_raw_set", IMAGE_DATASET),
-    )
-}
-STORED: dict[str, StoredAsset] = {a.name: a for f in FAMILIES.values() for a in f.assets}
-DATASETS: dict[str, Dataset] = {f.dataset.name: f.dataset for f in FAMILIES.values()}
-
-
-def by_path(path: str) -> StoredAsset:
-    """The declaration of the asset stored under ``path``."""
-    for spec in STORED.values():
-        if spec.path == path:
-            return spec
-    raise KeyError(f"no stored asset at {path!r}; known: {sorted(s.path for s in STORED.values())}")

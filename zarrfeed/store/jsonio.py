@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from zarrfeed.bulk import gc_paused
+from zarrfeed.store.bulk import gc_paused
 
 
 def loads(data: bytes | str) -> Any:

@@ -8,6 +8,8 @@ Layout under the root (a local folder or an fsspec URL such as ``s3://bucket/pre
     .zarrfeed/commits/<asset>/<key>.json       the commit record: names the committed version
     .zarrfeed/manifests/<name>.json            dataset manifests training consumes
 
+(``zarrfeed.store.layout`` names every path outside the asset groups.)
+
 A partition is written into a fresh version folder that nothing points at, then published by
 one atomic write of its commit record (a rename of a temporary file on a disk, one PUT on an
 object store); readers resolve a partition through its record and list partitions by their
@@ -41,9 +43,10 @@ from zarrfeed.store import jsonio
 from zarrfeed.store.backends import TEMPORARY, Backend, LocalBackend, open_backend
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
+from zarrfeed.store.contract import failed_checks
 from zarrfeed.store.keys import check_asset, check_key
+from zarrfeed.store.layout import META, dataset_path, manifest_path
 
-META = ".zarrfeed"
 LAYOUT = 2
 # A version no record names is a writer's work in progress until it is this old.
 VERSION_GRACE_S = 3600.0
@@ -167,6 +170,10 @@ class ZarrStore:
         """A URL (or absolute path) of the committed version, to show to a person."""
         path = self.version_path(asset, key)
         return path if self.local else f"{self.url}{path[len(self.root) :]}"
+
+    def manifest_url(self, name: str) -> str:
+        """Where the manifest of dataset ``name`` is, to show to a person."""
+        return f"{self.url}/{manifest_path(check_asset(name))}"
 
     def _meta(self, *parts: str) -> str:
         return self.backend.join(META, *parts)
@@ -467,11 +474,6 @@ class ZarrStore:
             raise StoreError(f"no committed partitions {missing[:5]} of {asset!r} in {self.url}")
         return _manifest(asset, self.url, [found[k] for k in keys], extra)
 
-    def write_manifest(self, asset: str, **extra: Any) -> dict[str, Any]:
-        manifest = self.build_manifest(asset, **extra)
-        self._write_manifest(asset, manifest)
-        return manifest
-
     def write_dataset(
         self,
         name: str,
@@ -497,7 +499,7 @@ class ZarrStore:
         failed: dict[str, list[str]] = {}
         for a, found in records.items():
             for k in candidates:
-                bad = [n for n, ok in (found[k].get("checks") or {}).items() if not ok]
+                bad = failed_checks(found[k])
                 if bad:
                     failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
         for k, reasons in (withheld or {}).items():
@@ -526,10 +528,12 @@ class ZarrStore:
         keys: list[str],
         arrays: list[str],
         versions: list[str] | None = None,
+        *,
+        table: str,
     ) -> dict[str, Any]:
         """Concatenate ``arrays`` of ``asset`` over ``keys`` into one partition for training.
 
-        Written as partition ``<asset's last part>`` of ``datasets/<dataset>`` with an
+        Written as partition ``table`` of the dataset's tables (``layout.dataset_path``) with an
         ``offsets`` array (rows of key ``i`` are ``offsets[i]:offsets[i+1]``), so a loader
         over 10,000 partitions opens one group instead of 10,000.  Incremental: the rows of a
         key whose committed version is the one the previous consolidation read are taken from
@@ -537,7 +541,7 @@ class ZarrStore:
         written.  ``versions``: the version of each key to read (a dataset manifest's), by
         default the committed ones.
         """
-        part = asset.rsplit("/", 1)[-1]
+        part = table
         if versions is None:
             found = self.record_summaries(asset)
             missing = [k for k in keys if k not in found]
@@ -546,7 +550,7 @@ class ZarrStore:
                     f"no committed partitions {missing[:5]} of {asset!r} in {self.url}"
                 )
             versions = [found[k]["version"] for k in keys]
-        table = f"datasets/{dataset}"
+        table = dataset_path(dataset)
         seen, at, rows = self._previous_consolidation(table, part, asset, arrays)
         if at is not None and list(seen.items()) == list(zip(keys, versions, strict=False)):
             return {"rows": rows, "keys": len(keys)}

@@ -21,9 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from zarrfeed import defaults
 from zarrfeed.errors import ConfigError
-
-Task = Literal["ct_classifier", "sparse_autoencoder", "spike_deblur", "defect_segmentation"]
 
 
 class Section(BaseModel):
@@ -115,21 +114,15 @@ class TrainSection(Section):
     width: int = Field(16, description="channels of the first model layer")
 
 
-# Where a task needs other defaults than the sections' to learn anything in a default run
-# (the sample data, a retrain started by new data): a segmenter of defects that cover ~0.05 %
-# of a patch finds none before ~60 steps of 8 patches (its IoU stays 0 at 40 steps of 4).
-# Values given in a file, on the command line or in run config still win.
-TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "defect_segmentation": {"train": {"steps": 100, "batch_size": 8, "lr": 0.003}},
-}
-
-
 class TrainConfig(Section):
     """One training run: task, where the data and checkpoints live, and the three sections."""
 
-    task: Task = "ct_classifier"
-    store: str = Field("data/zarrfeed.zarr", description="Zarr store URL")
-    out: str = Field("data/models", description="folder of the checkpoints")
+    task: str = Field(
+        default_factory=lambda: next(iter(task_types())),
+        description="what to train (`zarrfeed train --list-tasks`); default: the first task",
+    )
+    store: str = Field(defaults.STORE, description="Zarr store URL")
+    out: str = Field(defaults.MODELS, description="folder of the checkpoints")
     run_name: str = Field("", description="checkpoints go to <out>/<task>/<run_name>/")
     seed: int = 0
     resume: bool = Field(
@@ -148,16 +141,24 @@ class TrainConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _task_defaults(cls, values: Any) -> Any:
-        """Lay the task's own defaults (``TASK_DEFAULTS``) under the given sections."""
+        """Lay the task's own defaults (``Task.defaults``) under the given sections."""
         if not isinstance(values, dict):
             return values
-        task = values.get("task", cls.model_fields["task"].default)
+        name = values.get("task") or cls.model_fields["task"].get_default(call_default_factory=True)
+        task = task_types().get(name)
         merged = dict(values)
-        for section, defaults in TASK_DEFAULTS.get(task, {}).items():
+        for section, own in (task.defaults if task else {}).items():
             given = merged.get(section, {})
             if isinstance(given, dict):
-                merged[section] = {**defaults, **given}
+                merged[section] = {**own, **given}
         return merged
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        if value not in task_types():
+            raise ValueError(f"no task {value!r}; the tasks are {', '.join(task_types())}")
+        return value
 
     @property
     def run_dir(self) -> Path:
@@ -192,6 +193,18 @@ class TrainConfig(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """The config as ``{"train.lr": 0.002, ...}``."""
+        return flatten(self.model_dump())
+
+
+def task_types() -> dict[str, Any]:
+    """Task name -> class (``zarrfeed.training.tasks`` declares them; imported here only
+    when a config is validated, since the tasks import the config)."""
+    from zarrfeed.training.tasks import TASK_TYPES
+
+    return TASK_TYPES
 
 
 def yaml_problem(exc: yaml.MarkedYAMLError) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,8 +17,10 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.errors import StoreError
-from zarrfeed.store.contract import SPIKE_VOXELS
-from zarrfeed.training.config import TrainConfig, flatten
+from zarrfeed.families import Family
+from zarrfeed.families.ct import CT, LABELS
+from zarrfeed.families.images import IMAGES
+from zarrfeed.families.spike import SPIKE, SPIKE_VOXELS
 from zarrfeed.training.data import (
     CTPatchDataset,
     ImagePatchDataset,
@@ -34,6 +36,9 @@ from zarrfeed.training.models import (
     SpikeDeblur,
 )
 
+if TYPE_CHECKING:  # the config validates task names against this module
+    from zarrfeed.training.config import TrainConfig
+
 Batch = dict[str, torch.Tensor]
 # Per-class tables of the evaluation batches: metric name -> class name -> value (None where
 # the metric is undefined for that class).
@@ -45,11 +50,17 @@ DEFECT_WEIGHT = 20.0
 
 
 class Task:
-    """One task: ``dataset``, ``model`` and ``loss``; ``family`` names the manifest it reads."""
+    """One task: ``dataset``, ``model`` and ``loss``; ``family`` is the family whose dataset
+    manifest it reads (its model asset depends on that dataset)."""
 
     name: str = ""
-    family: str = ""
+    family: Family
+    version: str = "2"  # bump when what it trains from the same data changes (2: torchrun)
     metric: str = ""  # the task's own score on the evaluation batches (higher is better)
+    # Config sections laid under what a run gives, where the task needs other defaults than
+    # the sections' to learn anything in a default run (the sample data, a retrain started by
+    # new data); values given in a file, on the command line or in run config still win.
+    defaults: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (read only)
     data_fields: tuple[str, ...] = ("cache_gb", "eval_batches")  # the data.* fields it reads
     classes: str = "class"  # what its per-class metrics are per (a finding, for CT-RATE)
 
@@ -67,7 +78,7 @@ class Task:
         own = {f"data.{name}" for name in self.data_fields}
         return {
             key: value
-            for key, value in flatten(self.config.model_dump()).items()
+            for key, value in self.config.flat().items()
             if key not in ("out", "run_name", "resume", "resume_anyway")
             and (not key.startswith("data.") or key in own)
         }
@@ -97,7 +108,7 @@ class Task:
 class CTClassification(Task):
     """CT-RATE multi-label classification (18 findings) on windowed patches or volumes."""
 
-    name, family, metric = "ct_classifier", "ct", "accuracy"
+    name, family, metric = "ct_classifier", CT, "accuracy"
     data_fields = ("window", "patch", *Task.data_fields)
     classes = "finding"
 
@@ -113,9 +124,9 @@ class CTClassification(Task):
         )
         if ds.labels is None:
             raise StoreError(
-                f"ct_classifier needs CT-RATE labels: {self.config.store} has no "
-                "datasets/ct/labels table (put the multi_abnormality_labels CSV beside the "
-                "scans and rebuild ct_dataset)"
+                f"{self.name} needs CT-RATE labels: {self.config.store} has no "
+                f"{CT.dataset_path}/{LABELS} table (put the multi_abnormality_labels CSV beside "
+                f"the scans and rebuild {CT.dataset_asset})"
             )
         self.label_names = list(ds.label_names)
         return ds
@@ -155,7 +166,7 @@ class CTClassification(Task):
 class SparseAutoencoder(Task):
     """Occupancy grids rebuilt from the sparse indices (TRELLIS 64³), encoded and decoded."""
 
-    name, family, metric = "sparse_autoencoder", "ct", "iou"
+    name, family, metric = "sparse_autoencoder", CT, "iou"
     data_fields = ("window", "max_points", *Task.data_fields)
 
     def dataset(self) -> SparsePointsDataset:
@@ -207,7 +218,7 @@ class SpikeDeblurring(Task):
     """Spike-guided deblurring: a clip's middle blurred frame + its spike voxels → the sharp
     frame."""
 
-    name, family, metric = "spike_deblur", "spike", "psnr"
+    name, family, metric = "spike_deblur", SPIKE, "psnr"
     data_fields = ("clip_len", "crop", "voxels", *Task.data_fields)
 
     def dataset(self) -> SpikeClipDataset:
@@ -245,8 +256,11 @@ class DefectSegmentation(Task):
     """Defect segmentation on inspection-image patches: synthesised local defects that the
     inspected channel has and its references lack, against their masks."""
 
-    name, family, metric = "defect_segmentation", "image", "iou"
+    name, family, metric = "defect_segmentation", IMAGES, "iou"
     data_fields = ("defects", *Task.data_fields)
+    # Defects cover ~0.05 % of a patch: a segmenter finds none before ~60 steps of 8 patches
+    # (its IoU stays 0 at 40 steps of 4).
+    defaults = {"train": {"steps": 100, "batch_size": 8, "lr": 0.003}}  # noqa: RUF012
 
     def dataset(self) -> ImagePatchDataset:
         d = self.config.data
@@ -273,6 +287,11 @@ class DefectSegmentation(Task):
 TASK_TYPES: dict[str, type[Task]] = {
     t.name: t for t in (CTClassification, SparseAutoencoder, SpikeDeblurring, DefectSegmentation)
 }
+
+
+def model_asset_name(task: str) -> str:
+    """The Dagster asset of the model ``task`` trains."""
+    return f"{task}_model"
 
 
 def make_task(config: TrainConfig) -> Task:

@@ -7,7 +7,6 @@ Arrays are (z, y, x) and spacings are (z, y, x) in millimetres everywhere in zar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from zarrfeed.processes import usable_cpus
 
 Spacing = tuple[float, float, float]
 
@@ -164,7 +165,7 @@ def apply_windows(
 ) -> dict[str, np.ndarray]:
     """:func:`apply_window` for each named window, side by side in threads (numpy and torch
     release the GIL inside each block), at most one per core."""
-    workers = max(1, min(len(windows), os.cpu_count() or 1))
+    workers = max(1, min(len(windows), usable_cpus()))
     with ThreadPoolExecutor(workers, thread_name_prefix="window") as pool:
         windowed = pool.map(lambda w: apply_window(hu, w, dtype), windows)
         return dict(zip(windows, windowed, strict=True))

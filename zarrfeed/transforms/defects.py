@@ -62,7 +62,8 @@ def random_defects(
     ),
     amplitude: tuple[float, float] = (0.15, 0.5),
 ) -> Defects:
-    """Seed 002's recipe: half the patches get 3–8 defects, of which 0–2 enter the mask."""
+    """The defect-detection recipe: half the patches get 3–8 defects, of which 0–2 enter the
+    mask."""
     n = int(rng.integers(count[0], count[1] + 1)) if rng.random() < p_defect else 0
     kind = rng.integers(0, len(kinds), size=n)
     sizes = np.array([kinds[k][0] for k in kind], dtype=np.int64).reshape(n, 2)

@@ -1,14 +1,14 @@
-"""Patch grids and patch indexes as a few integer arrays: no per-patch Python objects.
+"""Patch grids as a few integer arrays: no per-patch Python objects.
 
-Seed 002 kept one dict per patch (≈360 B each, copied into every DataLoader worker).  Here a
-patch is an integer: along each axis the origin is ``min(k · stride, n − patch)``, so the last
-patch sits flush with the end and every voxel is covered, and index → origin is arithmetic.
+One dict per patch (≈360 B each, copied into every DataLoader worker) is what a patch index
+costs when kept as Python objects.  Here a patch is an integer: along each axis the origin is
+``min(k · stride, n − patch)``, so the last patch sits flush with the end and every voxel is
+covered, and index → origin is arithmetic; the patches kept are stored as compact arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import product
 
 import numpy as np
@@ -118,94 +118,3 @@ def patch_fractions(mask: np.ndarray, grid: PatchGrid) -> np.ndarray:
         sign = -1 if (mask.ndim - sum(corner)) % 2 else 1
         total += sign * sat[tuple(point.T)]
     return (total / np.prod(grid.patch)).astype(np.float32)
-
-
-@dataclass(frozen=True)
-class PatchIndex:
-    """Patches over many items (images, volumes), optionally filtered, as compact arrays.
-
-    ``shapes`` is (items, ndim); ``keep`` lists the global patch ids that survived filtering
-    (None keeps every patch).  Global ids number the patches of item 0 first, then item 1, …
-    """
-
-    shapes: np.ndarray
-    patch: tuple[int, ...]
-    stride: tuple[int, ...]
-    cover: bool = True
-    keep: np.ndarray | None = None
-
-    @classmethod
-    def make(cls, shapes, patch, stride=None, cover: bool = True, keep=None) -> PatchIndex:
-        shapes = np.atleast_2d(np.asarray(shapes, dtype=np.int64))
-        ndim = shapes.shape[1]
-        patch = _as_tuple(patch, ndim)
-        stride = patch if stride is None else _as_tuple(stride, ndim)
-        axis_counts(shapes, np.array(patch), np.array(stride), cover)
-        if keep is not None:
-            keep = np.asarray(keep)
-            keep = keep.astype(np.uint32 if keep.size == 0 or keep.max() < 2**32 else np.uint64)
-        return cls(shapes, patch, stride, cover, keep)
-
-    @cached_property
-    def counts(self) -> np.ndarray:
-        """Patch positions per axis of every item, (items, ndim); computed once."""
-        return axis_counts(self.shapes, np.array(self.patch), np.array(self.stride), self.cover)
-
-    @cached_property
-    def offsets(self) -> np.ndarray:
-        """Global id of each item's first patch, plus the total at the end; computed once."""
-        return np.concatenate([[0], np.cumsum(np.prod(self.counts, axis=1))])
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1]) if self.keep is None else len(self.keep)
-
-    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """(item ids, (n, ndim) origins) of the given positions in this index."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if np.any((idx < 0) | (idx >= len(self))):
-            raise IndexError(f"patch index out of range for {len(self)} patches")
-        gid = idx if self.keep is None else self.keep[idx].astype(np.int64)
-        offsets = self.offsets
-        item = np.searchsorted(offsets, gid, side="right") - 1
-        local = gid - offsets[item]
-        counts = self.counts[item]
-        ks = np.empty_like(counts)
-        for axis in range(counts.shape[-1] - 1, -1, -1):
-            ks[..., axis] = local % counts[..., axis]
-            local = local // counts[..., axis]
-        origins = np.minimum(ks * np.array(self.stride), self.shapes[item] - np.array(self.patch))
-        return item, origins
-
-    def filtered(self, fractions: np.ndarray, min_fraction: float) -> PatchIndex:
-        """Keep patches whose foreground fraction (one value per global id) ≥ ``min_fraction``."""
-        fractions = np.asarray(fractions)
-        if fractions.shape != (int(self.offsets[-1]),):
-            raise ValueError(f"need {int(self.offsets[-1])} fractions, got {fractions.shape}")
-        ids = np.flatnonzero(fractions >= min_fraction)
-        if self.keep is not None:
-            ids = np.intersect1d(ids, self.keep)
-        return PatchIndex.make(self.shapes, self.patch, self.stride, self.cover, ids)
-
-    @property
-    def nbytes(self) -> int:
-        return self.shapes.nbytes + (0 if self.keep is None else self.keep.nbytes)
-
-
-def build_patch_index(
-    masks: list[np.ndarray],
-    patch,
-    stride=None,
-    min_fraction: float = 0.0,
-    cover: bool = True,
-) -> PatchIndex:
-    """Patch index over ``masks`` keeping patches with foreground fraction ≥ ``min_fraction``."""
-    index = PatchIndex.make([m.shape for m in masks], patch, stride, cover)
-    if min_fraction <= 0:
-        return index
-    fractions = np.concatenate(
-        [
-            patch_fractions(m, PatchGrid.make(m.shape, index.patch, index.stride, cover))
-            for m in masks
-        ]
-    )
-    return index.filtered(fractions, min_fraction)

@@ -1,8 +1,8 @@
 """Sparse occupancy: compact uint16 (N, 3) voxel coordinates and deterministic point sampling.
 
-Seed 000 found ``np.argwhere`` on a 512³ volume to dominate loading; ``np.flatnonzero`` +
-``np.unravel_index`` returns the same rows (C order) several times faster and lets us pick the
-narrowest dtype up front.
+``np.argwhere`` on a 512³ volume dominates a loader that calls it per sample;
+``np.flatnonzero`` + ``np.unravel_index`` returns the same rows (C order) several times faster
+(``benchmarks/transforms.py``) and lets us pick the narrowest dtype up front.
 """
 
 from __future__ import annotations
@@ -132,10 +132,3 @@ def sample_points(
     rng = np.random.default_rng(seed)
     keep = np.sort(rng.choice(n, size=max_points, replace=False))
     return coords[keep]
-
-
-def occupancy_grid(coords: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Rebuild a dense boolean occupancy from coordinates (the TRELLIS ``ss[coords] = 1``)."""
-    grid = np.zeros(shape, dtype=bool)
-    grid[tuple(coords.T.astype(np.intp))] = True
-    return grid

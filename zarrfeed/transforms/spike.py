@@ -80,14 +80,6 @@ def voxel_bins(spikes: np.ndarray, bins: int) -> np.ndarray:
     return out
 
 
-def tfp(spikes: np.ndarray, center: int, half_window: int) -> np.ndarray:
-    """Texture from playback: mean firing over ``[center − h, center + h]``, float32 in [0, 1]."""
-    lo, hi = max(0, center - half_window), min(spikes.shape[0], center + half_window + 1)
-    if lo >= hi:
-        raise ValueError(f"empty window around frame {center} of {spikes.shape[0]}")
-    return spikes[lo:hi].mean(axis=0, dtype=np.float32)
-
-
 def simulate_spikes(
     frames: np.ndarray,
     threshold: float = 2.0,

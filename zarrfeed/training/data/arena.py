@@ -35,8 +35,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from zarrfeed.processes import process_alive
 from zarrfeed.training.data import locks
-from zarrfeed.training.data.shm import CacheFolder, alive, attach_lock, reserve
+from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
 
 Key = tuple[int, int]
 
@@ -468,7 +469,7 @@ class ChunkArena:
                 owner = self._stats[r * cols]
                 if owner == pid:
                     return r
-                if free is None and not alive(owner):
+                if free is None and not process_alive(owner):
                     free = r
             row = free if free is not None else STAT_ROWS - 1
             if self._stats[row * cols] not in (0, pid):  # a dead process's counts still count

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.processes import process_alive
 from zarrfeed.training.data import locks
-from zarrfeed.training.data.shm import CacheFolder, alive, attach_lock, reserve
+from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
 
 log = logging.getLogger("zarrfeed.training")
 
@@ -146,7 +147,7 @@ class SharedArrayCache:
                 if mine.size:
                     self._row = int(mine[0]) + 1
                 else:  # a free row, or one of a dead process (its counts still count)
-                    rows = (r for r in range(1, STAT_ROWS) if not alive(int(table[r, 0])))
+                    rows = (r for r in range(1, STAT_ROWS) if not process_alive(int(table[r, 0])))
                     self._row = next(rows, STAT_ROWS - 1)
                     table[self._row, 0] = pid
             self._stats = table

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
+from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, PATCH_TABLE
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import CT_DATASET, CT_PATCHES, CT_SPARSE, CT_WINDOWS
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
 from zarrfeed.training.data.reader import copy_threads
@@ -37,7 +37,7 @@ class CTPatchDataset(StoreDataset):
     buffer on without the copy ``default_collate`` makes.
     """
 
-    dataset, asset = CT_DATASET.name, CT_WINDOWS.path
+    dataset, asset = CT.name, CT_WINDOWS.path
     collate = staticmethod(collate_batch)
 
     def __init__(
@@ -64,7 +64,7 @@ class CTPatchDataset(StoreDataset):
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
-            table = self.store.open_partition(CT_DATASET.path, "patches")
+            table = self.store.open_partition(CT.dataset_path, PATCH_TABLE.name)
             offsets = table["offsets"][...]
             self.items = np.repeat(self.items, np.diff(offsets))
             self.origins = table["origins"][...]
@@ -77,10 +77,10 @@ class CTPatchDataset(StoreDataset):
         return [self.window]
 
     def _labels(self) -> tuple[np.ndarray | None, list[str]]:
-        if not self.store.has_partition(CT_DATASET.path, "labels"):
+        if not self.store.has_partition(CT.dataset_path, LABELS):
             return None, []
-        group = self.store.open_partition(CT_DATASET.path, "labels")
-        table = group["labels"][...].astype(np.float32)
+        group = self.store.open_partition(CT.dataset_path, LABELS)
+        table = group[LABELS][...].astype(np.float32)
         table[table == group.attrs["unknown"]] = np.nan
         return table, list(group.attrs["names"])
 
@@ -211,7 +211,7 @@ class SparsePointsDataset(StoreDataset):
     what ``make_loader`` and the trainer use).
     """
 
-    dataset, asset = CT_DATASET.name, CT_SPARSE.path
+    dataset, asset = CT.name, CT_SPARSE.path
     collate = staticmethod(collate_points)
 
     def __init__(

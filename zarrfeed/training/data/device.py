@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.processes import available_memory
 from zarrfeed.training.data.ct import CTPatchDataset
-from zarrfeed.training.data.loader import available_memory
 from zarrfeed.training.data.reader import copy_threads
 
 # Share of the device's free memory the device cache may take by default ("auto").

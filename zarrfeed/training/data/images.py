@@ -1,4 +1,4 @@
-"""Seed 002's inspection-image patches with synthesised local defects."""
+"""Inspection-image patches with synthesised local defects."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.families.images import IMAGE_PATCHES, IMAGE_STORE, IMAGES, PATCH_TABLE
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import IMAGE_DATASET, IMAGE_PATCHES, IMAGE_STORE
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms.defects import random_defects, render_defects
 
@@ -23,7 +23,7 @@ class ImagePatchDataset(StoreDataset):
     references too, so a defect is real exactly when the references lack it — what a model
     can learn, and what the mask marks."""
 
-    dataset, asset = IMAGE_DATASET.name, IMAGE_STORE.path
+    dataset, asset = IMAGES.name, IMAGE_STORE.path
 
     def __init__(
         self,
@@ -35,7 +35,7 @@ class ImagePatchDataset(StoreDataset):
     ) -> None:
         super().__init__(store, cache_gb, seed, transform)
         self.defects = defects
-        table = self.store.open_partition(IMAGE_DATASET.path, "patches")
+        table = self.store.open_partition(IMAGES.dataset_path, PATCH_TABLE.name)
         offsets = table["offsets"][...]
         self.sets = np.repeat(np.arange(len(self.keys), dtype=np.uint32), np.diff(offsets))
         self.images, self.origins = table["items"][...], table["origins"][...]

@@ -13,15 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from zarrfeed.errors import ConfigError
+from zarrfeed.processes import available_memory, cpu_budget, process_alive
 from zarrfeed.training.data.sampler import make_sampler
-from zarrfeed.training.data.shm import alive
 from zarrfeed.training.data.start import start_method
 
 WORKER_OVERHEAD_BYTES = 300 << 20  # interpreter + torch + zarr per worker, measured ~250 MB
@@ -31,33 +30,6 @@ IN_FLIGHT_SHARE = 0.05
 # Batches in shared memory besides the workers' prefetched ones: the one the training step
 # holds and the one being handed to it (measured: 2 workers × prefetch 1 peak at 4 batches).
 HELD_BATCHES = 2
-
-
-def usable_cpus() -> tuple[int, str]:
-    """CPUs this process may use: affinity, capped by a cgroup v2 CPU quota; and how."""
-    affinity = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            limit = max(1, math.floor(int(quota) / int(period)))
-            if limit < affinity:
-                return limit, f"cgroup quota {quota}/{period} (affinity {affinity})"
-    except (OSError, ValueError):
-        pass
-    return affinity, f"sched_getaffinity ({os.cpu_count()} on the host)"
-
-
-def available_memory() -> int:
-    """MemAvailable in bytes (Linux); the total physical memory elsewhere."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def local_world_size() -> int:
@@ -128,7 +100,7 @@ def _exit_with(owner: int) -> None:
     except OSError:
         pidfd = None
     if pidfd is None:  # no pidfds here: poll
-        while alive(owner):
+        while process_alive(owner):
             time.sleep(1.0)
         os._exit(1)
     select.select([pidfd], [], [])  # readable once the owner has exited
@@ -151,7 +123,7 @@ def plan_loader(
     ``in_flight_bytes`` (when set) bounds the shared memory of the batches in flight;
     ``pin_memory``: whether batches go to a CUDA device (None: whether CUDA is present);
     ``ring``: workers reuse batch slots that the consumer frees (:mod:`.ring`)."""
-    cpus, how = usable_cpus()
+    cpus, how = cpu_budget()
     world = local_world_size()
     reasons = [f"CPUs usable: {cpus} ({how}); local world size: {world}"]
     batches = max(1, math.ceil(dataset_len / batch_size))
@@ -172,7 +144,7 @@ def plan_loader(
             )
         n = max(1, math.floor(cpus * share / world))
         reasons.append(f"workers: {n} from {spec} = {share:g} x {cpus} CPUs / {world} ranks")
-        # Seed 000: few samples per worker make worker start-up and cache warm-up dominate.
+        # Few samples per worker make worker start-up and cache warm-up dominate.
         small = 2 if dataset_len < 50 else 4 if dataset_len < 200 else None
         if small is not None and n > small:
             n = small

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from zarrfeed.errors import StoreError
-from zarrfeed.store.contract import CT_SPARSE
+from zarrfeed.families.ct import CT_SPARSE
 
 PATCH_STREAM = 2  # the dataset rng stream that places patches
 

@@ -32,8 +32,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
+from zarrfeed.processes import usable_cpus
 from zarrfeed.store import ChunkedArray, ZarrStore
-from zarrfeed.store.chunkio import usable_threads
 from zarrfeed.training.data.arena import DECODED, HITS, MASK, MISSES, ChunkArena
 from zarrfeed.training.data.arrays import Fill, SharedArrayCache
 from zarrfeed.training.data.shm import CacheFolder
@@ -220,7 +220,7 @@ class CachedArrays:
             self.entries.get(key, self._fill(*array, threads=1))
             return key
 
-        threads = usable_threads()
+        threads = usable_cpus()
         if threads > 1 and len(arrays) > 1:
             keys = set(self._pool(threads).map(fill, arrays))
         else:
@@ -485,5 +485,5 @@ def copy_threads() -> int:
     """Threads this process may copy a batch on: every usable core in the main process, and
     a DataLoader worker's share of them (its siblings copy side by side)."""
     info = get_worker_info()
-    cores = usable_threads()
+    cores = usable_cpus()
     return cores if info is None else max(1, cores // info.num_workers)

@@ -75,19 +75,6 @@ def max_idle_s() -> float:
     return float(os.environ.get("ZARRFEED_CACHE_MAX_AGE_H", "24")) * 3600
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (0 and below: a statistics row never used)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reserve(fd: int, offset: int, nbytes: int, path: Path) -> None:
     """Allocate ``nbytes`` of a RAM-backed file now, failing with a clear message when the
     folder is full (Docker's 64 MB ``/dev/shm`` by default) instead of a SIGBUS later."""

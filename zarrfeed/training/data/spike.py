@@ -1,4 +1,4 @@
-"""Seed 001's spike-camera clips: blurred and sharp frames with their spike voxels, stored or
+"""Spike-camera clips: blurred and sharp frames with their spike voxels, stored or
 binned in real time from the raw ``.dat`` files."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.families.spike import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import SPIKE_DATASET, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms import spike as sp
 
 
 class SpikeClipDataset(StoreDataset):
-    """Seed 001's clips: ``clip_len`` consecutive samples of blur, sharp and spike voxels,
+    """Deblurring clips: ``clip_len`` consecutive samples of blur, sharp and spike voxels,
     randomly cropped to ``crop`` (H, W).
 
     ``voxels="stored"`` reads the ``spike_voxels`` asset; ``"realtime"`` decodes the raw
@@ -26,7 +26,7 @@ class SpikeClipDataset(StoreDataset):
     no voxel store on disk.  Only the crop is read from the cache.
     """
 
-    dataset, asset = SPIKE_DATASET.name, SPIKE_FRAMES.path
+    dataset, asset = SPIKE.name, SPIKE_FRAMES.path
 
     def __init__(
         self,

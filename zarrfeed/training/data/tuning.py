@@ -12,17 +12,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from zarrfeed.training.data.loader import LoaderPlan, batch_len, plan_loader, usable_cpus
+from zarrfeed.processes import cpu_budget
+from zarrfeed.training.data.loader import LoaderPlan, batch_len, plan_loader
 from zarrfeed.training.data.start import start_method
 
-AUTOTUNE_FILE = (
-    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zarrfeed" / "autotune.json"
-)
+
+def autotune_file() -> Path:
+    """Where measured worker counts are remembered (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "zarrfeed" / "autotune.json"
 
 
 @dataclass
@@ -82,11 +85,13 @@ def autotune(
     batches: int = 20,
     collate_fn: Callable | None = None,
     context: str = "auto",
-    remember: Path | None = AUTOTUNE_FILE,
+    remember: Path | Literal["cache"] | None = "cache",
 ) -> LoaderPlan:
     """Measure candidate worker counts on real batches and keep the fastest, remembered per
-    dataset and machine (``~/.cache/zarrfeed/autotune.json``)."""
-    cpus, _ = usable_cpus()
+    dataset and machine in ``remember`` ("cache": :func:`autotune_file`; None: not kept)."""
+    if remember == "cache":
+        remember = autotune_file()
+    cpus, _ = cpu_budget()
     key = _tune_key(dataset, batch_size, cpus)
     saved = json.loads(remember.read_text()) if remember and remember.exists() else {}
     if key in saved:

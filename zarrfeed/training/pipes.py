@@ -1,4 +1,4 @@
-"""``torchrun --nproc-per-node=N -m zarrfeed.pipes_training --config run.yaml``: the training
+"""``torchrun --nproc-per-node=N -m zarrfeed.training.pipes --config run.yaml``: the training
 process the model assets launch through Dagster Pipes.
 
 It trains exactly as ``zarrfeed train`` does (:func:`zarrfeed.training.trainer.train`, every
@@ -200,7 +200,7 @@ def report(pipes: PipesContext, result: TrainResult) -> None:
 
 @record  # a rank's exception goes to torchrun's error file: the asset quotes it on failure
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="zarrfeed.pipes_training", description=__doc__)
+    parser = argparse.ArgumentParser(prog="zarrfeed.training.pipes", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML file of a TrainConfig")
     config = TrainConfig.load(parser.parse_args(argv).config)
     launched_by_dagster = PipesEnvVarParamsLoader().is_dagster_pipes_process()

@@ -11,15 +11,18 @@ the summary and its stack trace belongs in the log.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+from zarrfeed import defaults
+from zarrfeed.errors import ConfigError, root_cause
 
 # Run monitoring: a run whose process died with no one to report it (a killed `zarrfeed demo`,
 # a lost `dagster dev`) would stay STARTED and hold one of the {runs} run slots forever; the
@@ -45,13 +48,10 @@ run_retries:
   max_retries: 1
   retry_on_asset_or_op_failure: false
 """
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = REPO / "workspace.yaml"
 REPOSITORY = "__repository__"  # the name Dagster gives a module's single Definitions
 
-# Each task's defaults, but a narrower occupancy autoencoder: 64³ grids at width 16 take ~1 s
-# a step on two cores, and the demo should stay around two minutes.
-DEMO_TRAINING = {"ops": {"sparse_autoencoder_model": {"config": {"train": {"width": 8}}}}}
 MIB = 1 << 20
 
 
@@ -82,12 +82,22 @@ def prepare_home(home: Path, runs: int) -> None:
 
 
 def use_home(home: Path, **env: str) -> None:
-    """Point Dagster at ``home`` and the resources at ``env`` (``ZARRFEED_*``): before the
-    definitions are imported, since resource defaults are read then."""
-    os.environ.update({"DAGSTER_HOME": str(home.resolve()), **env})
-    from zarrfeed.definitions import usable_cpus
+    """Point Dagster at ``home`` and the resources at ``env`` (``ZARRFEED_*``, read when a
+    run starts)."""
+    from zarrfeed.processes import usable_cpus
 
+    os.environ.update({"DAGSTER_HOME": str(home.resolve()), **env})
     prepare_home(home, usable_cpus())
+
+
+def demo_training() -> dict[str, Any]:
+    """Run config of the demo's training: each task's defaults, but a narrower occupancy
+    autoencoder (64³ grids at width 16 take ~1 s a step on two cores, and the demo should
+    stay around two minutes)."""
+    from zarrfeed.training.tasks import SparseAutoencoder, model_asset_name
+
+    asset = model_asset_name(SparseAutoencoder.name)
+    return {"ops": {asset: {"config": {"train": {"width": 8}}}}}
 
 
 def no_display(total: int | None) -> contextlib.AbstractContextManager[Progress]:
@@ -103,49 +113,53 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
         home,
         ZARRFEED_RAW=str(raw),
         ZARRFEED_STORE=store,
-        ZARRFEED_MODELS=os.environ.get("ZARRFEED_MODELS", "data/models"),
+        ZARRFEED_MODELS=os.environ.get("ZARRFEED_MODELS", defaults.MODELS),
     )
     import dagster as dg
 
-    from zarrfeed.assets import model_assets
+    from zarrfeed.components import project_families
     from zarrfeed.definitions import defs
     from zarrfeed.errors import InputError
+    from zarrfeed.jobs.build import datasets_build, train
     from zarrfeed.jobs.discovery import discover_into
     from zarrfeed.resources import RawFolderResource, ZarrStoreResource
-    from zarrfeed.store.contract import FAMILIES
 
     raw_resource, zarr_store = RawFolderResource(root=str(raw)), ZarrStoreResource(url=store)
+    families = [c.declaration for c in project_families()]
+    definitions = defs()
+    models = sorted(dg.AssetSelection.groups("training").resolve(definitions.resolve_asset_graph()))
     rows = []
     with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
-        keys = {f: discover_into(instance, f, raw_resource, zarr_store) for f in FAMILIES}
+        keys = {f: discover_into(instance, f, raw_resource, zarr_store) for f in families}
         if not any(keys.values()):
+            kinds = [f.raw.items for f in families]
             raise InputError(
                 raw,
-                "raw CT scans, spike sequences or image sets",
+                "raw " + " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds),
                 "none (`zarrfeed sample-data DIR` writes some)",
             )
-        total = sum(map(len, keys.values())) + 1 + len(model_assets)
+        total = sum(map(len, keys.values())) + 1 + len(models)
         with display(total) as progress:
             for family, family_keys in keys.items():
-                job = defs.resolve_job_def(f"{family}_build")
+                job = definitions.resolve_job_def(family.build_job)
                 for key in family_keys:
-                    progress(f"{family} {key}")
-                    rows.append(run(job, instance, family, key, tags=tags, partition_key=key))
+                    progress(f"{family.name} {key}")
+                    rows.append(run(job, instance, family.name, key, tags=tags, partition_key=key))
             progress("dataset manifests")
-            job = defs.resolve_job_def("datasets_build")
+            job = definitions.resolve_job_def(datasets_build.name)
             rows.append(run(job, instance, "datasets", "-", tags=tags))
-            train = defs.resolve_job_def("train")
-            for key in [a.key for a in model_assets]:
-                progress(f"training {key.path[0]}")
+            trainer = definitions.resolve_job_def(train.name)
+            for key in models:
+                progress(f"training {key.to_user_string()}")
                 rows.append(
                     run(
-                        train,
+                        trainer,
                         instance,
                         "training",
-                        key.path[0],
+                        key.to_user_string(),
                         tags=tags,
                         asset_selection=[key],
-                        run_config=DEMO_TRAINING,
+                        run_config=demo_training(),
                     )
                 )
     return rows
@@ -203,65 +217,6 @@ def _failures(result: Any) -> Iterator[Any]:
             error = getattr(error, "cause", None)
 
 
-def run_hub(hf_config: dict, store: str, home: Path, progress: Progress = lambda _: None):
-    """List the hub split (partitions appear), then build each volume."""
-    use_home(
-        home,
-        ZARRFEED_STORE=store,
-        ZARRFEED_RAW=os.environ.get("ZARRFEED_RAW", "data/raw"),
-        ZARRFEED_MODELS=os.environ.get("ZARRFEED_MODELS", "data/models"),
-    )
-    import dagster as dg
-
-    from zarrfeed.assets.partitions import ct_scans
-    from zarrfeed.definitions import defs
-
-    run_config = {"resources": {"hf": {"config": hf_config}}}
-    rows = []
-    with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
-        progress("hub listing")
-        catalog = defs.resolve_job_def("hub_catalog")
-        rows.append(run(catalog, instance, "hub", "catalog", tags=tags, run_config=run_config))
-        if not rows[0].ok:
-            return rows
-        keys = sorted(instance.get_dynamic_partitions(ct_scans.name))
-        if hf_config.get("max_scans"):
-            keys = keys[: hf_config["max_scans"]]
-        job = defs.resolve_job_def("ct_build")
-        for key in keys:
-            progress(f"hub volume {key}")
-            rows.append(
-                run(job, instance, "hub", key, tags=tags, partition_key=key, run_config=run_config)
-            )
-    return rows
-
-
-def _subclass_names(cls: type) -> set[str]:
-    return {cls.__name__, *(n for sub in cls.__subclasses__() for n in _subclass_names(sub))}
-
-
-def root_cause(error: Any) -> str:
-    """What failed, in one line, from a Dagster error (a ``SerializableErrorInfo``): the
-    outermost zarrfeed error of its cause chain — the message that names the file or the
-    server, not its own cause (a bare gzip or socket error) nor Dagster's "Error occurred
-    while executing op" — else the innermost cause."""
-    from zarrfeed.errors import ZarrfeedError
-
-    chain = []
-    while error is not None:
-        chain.append(error)
-        error = getattr(error, "cause", None)
-    ours = _subclass_names(ZarrfeedError)
-    error = next((e for e in chain if e.cls_name in ours), chain[-1])
-    message = (error.message or "").strip()
-    # "zarrfeed.errors.InputError: path: expected …" → "path: expected …"
-    message = re.sub(rf"^[\w.]*{re.escape(error.cls_name)}: ", "", message)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):  # "1 blocking asset check failed …:"
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else error.cls_name
-
-
 def _row(result: Any, family: str, key: str, seconds: float) -> Row:
     checks = result.get_asset_check_evaluations()
     stored = None
@@ -297,9 +252,9 @@ def _row(result: Any, family: str, key: str, seconds: float) -> Row:
 
 def _score(asset: str, metadata: dict[str, Any]) -> str:
     """``iou 0.00 -> 0.39`` for a model asset: its task metric before and after training."""
-    from zarrfeed.training.tasks import TASK_TYPES
+    from zarrfeed.training.tasks import TASK_TYPES, model_asset_name
 
-    task = TASK_TYPES.get(asset.removesuffix("_model"))
+    task = next((t for n, t in TASK_TYPES.items() if model_asset_name(n) == asset), None)
     after = metadata.get(f"eval_{task.metric}") if task else None
     before = metadata.get(f"eval_{task.metric}_before") if task else None
     if after is None or before is None:
@@ -430,3 +385,40 @@ def ui_command(home: Path, env: dict[str, str]) -> str:
         return f"{assigns[0]} {shown} dev -w workspace.yaml"
     where = home.resolve() if len(assigns) > 1 else REPO
     return f"cd {where} && {' '.join(assigns)} {dg} dev -w {REPO / 'workspace.yaml'}"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="build the whole asset graph on the sample data")
+    p.add_argument("--raw", default=defaults.RAW, help="raw folder (sample data made if absent)")
+    p.add_argument("--store", default=defaults.STORE, help="Zarr store folder or URL")
+    p.add_argument(
+        "--dagster-home", default=defaults.DAGSTER_HOME, help="persistent Dagster instance"
+    )
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from zarrfeed.commands import sample_data
+
+    raw, home = Path(args.raw), Path(args.dagster_home)
+    if raw.exists() and not raw.is_dir():
+        raise ConfigError(f"--raw {raw} is a file: give the folder of raw data")
+    if not raw.exists():
+        sample_data.write(raw, bars=False)
+    log = home.resolve() / "demo.log"
+    t0 = time.perf_counter()
+    with output_to(log) as terminal:
+        rows = run_demo(raw, args.store, home, lambda total: progress_display(total, terminal))
+    print_summary(rows, sys.stdout)
+    failed = [r for r in rows if not r.ok]
+    env = {
+        "ZARRFEED_STORE": args.store,
+        "ZARRFEED_RAW": str(raw),
+        "ZARRFEED_MODELS": os.environ.get("ZARRFEED_MODELS", defaults.MODELS),
+    }
+    print(
+        f"{len(rows) - len(failed)}/{len(rows)} runs succeeded in {time.perf_counter() - t0:.0f}s;"
+        f" store {args.store}; full log {log}\n"
+        f"See every run, partition, check and preview in the UI:\n  {ui_command(home, env)}"
+    )
+    return 1 if failed else 0

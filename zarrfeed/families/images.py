@@ -1,38 +1,77 @@
-"""Image family: raw image set → image store → patch index.
+"""The image family: a raw folder of images → an image store → a patch index.
 
 Training crops patches first and processes them after, so the index of useful patch origins
-is built once here rather than by rejection at load time.
+is built once here rather than by rejection at load time; the dataset carries it as one
+table.
 """
 
-from collections.abc import Mapping
+from __future__ import annotations
+
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from zarrfeed.assets.build import (
-    Step,
-    build_partition,
-    materialize_partitions,
-    stored_asset,
-    upstream,
-)
-from zarrfeed.assets.metadata import png_markdown
-from zarrfeed.assets.partitions import image_sets
-from zarrfeed.assets.raw import content_hash, raw_asset, resolve
 from zarrfeed.errors import InputError
+from zarrfeed.families.facts import Picture
+from zarrfeed.families.family import Family, RawSource, Reader, Stage, Table
+from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_image
 from zarrfeed.formats.discover import image_files
-from zarrfeed.formats.limits import claimed_bytes, require_allocatable
-from zarrfeed.previews import image_png
-from zarrfeed.resources import BuildOptions, ImageSettings, ZarrStoreResource
+from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatable
+from zarrfeed.formats.previews import image_png
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import SourceWatch, source_identity
-from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import FAMILIES, IMAGE_PATCHES, IMAGE_STORE, SOURCE
+from zarrfeed.sources.raw import scan_images
+from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.spike import to_gray
+
+# A 16k×16k RGB image is 768 MB; 4 GiB holds ~340 2k×2k RGB images.
+BOUND = Bound("images", 4 * GIB)  # the most one set's images may take
+
+
+class ImageSettings(BaseModel):
+    """The image patch grid and its foreground filter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    patch_yx: list[int] = [128, 128]
+    stride_yx: list[int] = [64, 64]
+    foreground: float = Field(0.02, description="grey level (0–1) above which is foreground")
+    min_foreground_fraction: float = 0.5
+
+
+IMAGE_STORE = StoredAsset(
+    name="image_store",
+    path="images/images",
+    family="images",
+    version="1",
+    arrays=(ArraySpec("images", ("image", "y", "x", "c"), ("uint8", "uint16"), "sample"),),
+    description="(N, H, W, C) images of one set, one chunk per image; file names in the "
+    "provenance.",
+    checks=(Check("uniform_shape", "Every image of the set has one shape and dtype."),),
+)
+IMAGE_PATCHES = StoredAsset(
+    name="image_patches",
+    path="images/patches",
+    family="images",
+    version="1",
+    arrays=(
+        ArraySpec("items", ("patch",), "uint32", read="rows"),
+        ArraySpec("origins", ("patch", "axis"), "uint16", read="rows"),
+        ArraySpec("fraction", ("patch",), "float32", read="rows"),
+    ),
+    description="Patch origins (image, y, x) whose foreground fraction passes the filter: "
+    "training crops first, then processes.",
+    params=("patch_yx", "stride_yx", "foreground", "min_foreground_fraction"),
+    inputs=(IMAGE_STORE.name,),
+    checks=(
+        Check("non_empty", "At least one patch passed the filter."),
+        Check("in_bounds", "Every index lies inside the array it indexes."),
+    ),
+)
+PATCH_TABLE = Table("patches", IMAGE_PATCHES, ("items", "origins"))
 
 
 def describe_set(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
@@ -47,7 +86,8 @@ def read_set(files: list[Path]) -> np.ndarray:
     first = first[..., None] if first.ndim == 2 else first
     shape = (len(files), *first.shape)
     what = f"{len(files)} images of {first.dtype} {first.shape}"
-    require_allocatable(files[0].parent, claimed_bytes(shape, first.dtype.itemsize), what, "images")
+    nbytes = claimed_bytes(shape, first.dtype.itemsize)
+    require_allocatable(files[0].parent, nbytes, what, BOUND)
     out = np.empty(shape, first.dtype)
     for i, path in enumerate(files):
         img = first if i == 0 else read_image(path)
@@ -76,28 +116,27 @@ def _overlay(image: np.ndarray, origins: np.ndarray, patch: tuple[int, ...]) -> 
     return rgb
 
 
-def _store_step(catalog, key: str) -> Step:
-    item = resolve(catalog, key)
-    sha = content_hash(catalog, item)
-    watch = SourceWatch(item)
+def store_step(inputs: Inputs, key: str) -> Step:
+    item, sha, identity = inputs.source(key)
+    watch = inputs.watch(item)
     files = image_files(Path(item.location))
     if not files:
         raise InputError(item.location, "image files (.png, .jpg, .tif)", "none")
 
-    def check(arrays: dict[str, np.ndarray]) -> dict:
+    def check(arrays: dict[str, np.ndarray]) -> Checks:
         arr = arrays["images"]
         ok = arr.ndim == 4 and arr.shape[0] == len(files) and arr.size > 0
         return {"uniform_shape": (ok, {"shape": str(arr.shape), "files": len(files)})}
 
     return Step(
-        inputs={SOURCE: source_identity(item, sha)},
+        inputs=identity,
         source=item.location,
         source_sha256=sha,
         produce=lambda: {"images": read_set(files)},
         check=check,
         describe=lambda a: {
             "images": len(files),
-            "preview": png_markdown(
+            "preview": Picture(
                 image_png(a["images"][0].squeeze(), f"{files[0].name}"),
                 f"image 0 of {len(files)}: {files[0].name}",
             ),
@@ -107,8 +146,9 @@ def _store_step(catalog, key: str) -> Step:
     )
 
 
-def _patches_step(store: ZarrStore, s: Mapping[str, Any], key: str) -> Step:
-    images = store.read_array(IMAGE_STORE.path, key, "images")
+def patches_step(inputs: Inputs, key: str) -> Step:
+    s = inputs.settings
+    images = inputs.read(IMAGE_STORE, key, "images")
     grid = PatchGrid.make(images.shape[1:3], tuple(s["patch_yx"]), tuple(s["stride_yx"]))
 
     def produce() -> dict[str, np.ndarray]:
@@ -127,7 +167,7 @@ def _patches_step(store: ZarrStore, s: Mapping[str, Any], key: str) -> Step:
             "fraction": np.concatenate(fracs),
         }
 
-    def check(arrays: dict[str, np.ndarray]) -> dict:
+    def check(arrays: dict[str, np.ndarray]) -> Checks:
         items, origins = arrays["items"], arrays["origins"]
         inside = bool(((origins + np.array(grid.patch)) <= np.array(images.shape[1:3])).all())
         inside = inside and (len(items) == 0 or int(items.max()) < images.shape[0])
@@ -142,14 +182,14 @@ def _patches_step(store: ZarrStore, s: Mapping[str, Any], key: str) -> Step:
         return {
             "patches_kept": len(items),
             "patches_total": len(grid) * images.shape[0],
-            "preview": png_markdown(
+            "preview": Picture(
                 image_png(overlay, "kept patches in red"), "image 0, its kept patches outlined"
             ),
         }
 
     return Step(
-        inputs={"image_store": upstream(store, IMAGE_STORE, key)},
-        source=store.partition_url(IMAGE_STORE.path, key),
+        inputs=inputs.upstream(key, IMAGE_STORE),
+        source=inputs.store.partition_url(IMAGE_STORE.path, key),
         source_sha256=None,
         produce=produce,
         check=check,
@@ -158,39 +198,28 @@ def _patches_step(store: ZarrStore, s: Mapping[str, Any], key: str) -> Step:
     )
 
 
-def image_assets(settings: Mapping[str, Any]) -> list[dg.AssetsDefinition]:
-    """The image family's assets, their code versions derived from ``settings``."""
-    raw = raw_asset(
-        FAMILIES["images"],
-        describe_set,
-        "A folder of images: one hash over its files (the data version), count and bytes.",
-    )
+def set_files(item: RawItem) -> list[Path]:
+    return image_files(Path(item.location))
 
-    @stored_asset(IMAGE_STORE, settings, image_sets, deps=[raw.key.path[0]])
-    def image_store(
-        context: dg.AssetExecutionContext, zarr_store: ZarrStoreResource, build: BuildOptions
-    ) -> dg.MaterializeResult:
-        store, catalog = zarr_store.store(), zarr_store.catalog("images")
-        return materialize_partitions(
-            context,
-            lambda key: build_partition(
-                store, IMAGE_STORE, key, {}, build.force, _store_step(catalog, key)
-            ),
-        )
 
-    @stored_asset(IMAGE_PATCHES, settings, image_sets, deps=["image_store"])
-    def image_patches(
-        context: dg.AssetExecutionContext,
-        zarr_store: ZarrStoreResource,
-        image_settings: ImageSettings,
-        build: BuildOptions,
-    ) -> dg.MaterializeResult:
-        store, values = zarr_store.store(), image_settings.values()
-        return materialize_partitions(
-            context,
-            lambda key: build_partition(
-                store, IMAGE_PATCHES, key, values, build.force, _patches_step(store, values, key)
-            ),
-        )
-
-    return [raw, image_store, image_patches]
+IMAGES = Family(
+    name="images",
+    partitions="image_sets",
+    raw=RawSource(
+        asset="image_raw_set",
+        items="image sets",
+        description="A folder of images: one hash over its files (the data version), count "
+        "and bytes.",
+        kinds=frozenset({"png", "tiff"}),
+        scan=scan_images,
+        files=set_files,
+        describe=describe_set,
+        readable=Check("readable", "The folder holds at least one image file."),
+        version="2",
+    ),
+    settings=ImageSettings,
+    stages=(Stage(IMAGE_STORE, store_step), Stage(IMAGE_PATCHES, patches_step)),
+    tables=(PATCH_TABLE,),
+    dataset_version="2",
+    readers=(Reader("images", "zarrfeed.training.data.images:ImagePatchDataset"),),
+)

@@ -1,0 +1,143 @@
+"""The package's modules import one another without cycles, and importing one sets no
+global state: no environment read decides a value at import, no warning filter is installed.
+
+Imports are read from the syntax tree (module level and inside functions alike: a deferred
+import that closes a cycle is still a cycle in the design; imports for type checking only
+aside), resolved to zarrfeed modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import zarrfeed
+
+PACKAGE = Path(zarrfeed.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Module -> the zarrfeed modules it imports (a package import as the package)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for n in ast.walk(block)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target.startswith("zarrfeed.") and target != name:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan), packages set aside:
+    a package's ``__init__`` re-exporting its modules is not a cycle of the design."""
+    packages = {m for m in graph if (PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
+    edges = {
+        m: {t for t in ts if t not in packages} for m, ts in graph.items() if m not in packages
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_the_scan_sees_the_imports():
+    graph = imports()
+    assert "zarrfeed.store.contract" in graph["zarrfeed.families.family"]
+    assert "zarrfeed.assets.build" in graph["zarrfeed.assets.family"]
+
+
+def test_no_import_cycles():
+    assert cycles(imports()) == []
+
+
+def test_a_detected_cycle_is_reported():
+    assert cycles({"zarrfeed.a": {"zarrfeed.b"}, "zarrfeed.b": {"zarrfeed.a"}}) == [
+        ["zarrfeed.a", "zarrfeed.b"]
+    ]
+
+
+IMPORT_ALL = """
+import importlib, os, pkgutil, sys, warnings
+import zarrfeed
+PACKAGE = os.path.dirname(zarrfeed.__file__)
+found = []
+
+def watched(name, real):
+    def call(*args, **kwargs):
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.startswith(PACKAGE):  # zarrfeed's own code, not a library it imports
+            found.append(f"{name}{args[:1]} at {os.path.relpath(caller, PACKAGE)}")
+        return real(*args, **kwargs)
+    return call
+
+os.environ.get = watched("os.environ.get", os.environ.get)
+os.getenv = watched("os.getenv", os.getenv)
+warnings.filterwarnings = watched("warnings.filterwarnings", warnings.filterwarnings)
+warnings.simplefilter = watched("warnings.simplefilter", warnings.simplefilter)
+for info in pkgutil.walk_packages(zarrfeed.__path__, "zarrfeed."):
+    importlib.import_module(info.name)
+print("\\n".join(found))
+"""
+
+
+def test_importing_any_module_reads_no_setting_and_installs_no_warning_filter():
+    """What a module's import reads from the environment is fixed before anyone can set it
+    (a code location, a test, ``zarrfeed demo``); a filter it installs hides warnings from
+    every other code in the process."""
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "", out.stdout

@@ -1,0 +1,113 @@
+"""A family's partitioned assets, derived from its declaration: raw ingest, and one Dagster
+step per stage (or per group of stages that share a step).
+
+Code versions and fingerprints come from the same settings: the values handed in here, which
+the family's component reads from its YAML.  A changed setting therefore gives the assets
+that declare it a new code version (the UI shows them stale) and their partitions new
+fingerprints (the nightly schedule rebuilds them) at once; no run config can make the two
+disagree.
+"""
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from zarrfeed.assets.build import (
+    Built,
+    build_partition,
+    materialize_partitions,
+    stored_asset,
+    stored_multi_asset,
+)
+from zarrfeed.assets.partitions import partitions_def
+from zarrfeed.assets.raw import raw_asset
+from zarrfeed.families import Family, Inputs, Stage
+from zarrfeed.sources.catalog import RawItem
+from zarrfeed.sources.raw import is_hub
+
+
+class HubFetch:
+    """Raw items of the family's hub source, downloaded on demand; with the hub resource's
+    ``delete_after_commit``, each download goes once its partition is committed."""
+
+    def __init__(self, hf: Any) -> None:
+        self.hf, self._hub = hf, None
+
+    def hub(self) -> Any:
+        if self._hub is None:
+            self._hub = self.hf.hub()
+        return self._hub
+
+    def local(self, item: RawItem) -> Path:
+        if not is_hub(item):
+            return Path(item.location)
+        return self.hub().download(item.detail["path"], item.detail["commit"])
+
+    def forget(self, path: Path) -> None:
+        if self.hf.delete_after_commit:
+            self.hub().forget(path)
+
+
+def steps(family: Family) -> dict[str, list[Stage]]:
+    """Step name -> the stages it builds, in declaration order."""
+    out: dict[str, list[Stage]] = {}
+    for stage in family.stages:
+        out.setdefault(stage.step or stage.asset.name, []).append(stage)
+    return out
+
+
+def stage_asset(
+    family: Family, name: str, stages: list[Stage], values: Mapping[str, Any]
+) -> dg.AssetsDefinition:
+    """The Dagster step that builds ``stages`` (any subset of them when there are several)."""
+    partitions = partitions_def(family)
+    resources = {"zarr_store", "build"} | ({"hf"} if family.hub else set())
+    specs = [s.asset for s in stages]
+    deps = {s.name: family.upstream_keys(s) for s in specs}
+
+    def build_each(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+        res = context.resources
+        store = res.zarr_store.store()
+        fetch = HubFetch(res.hf) if family.hub else None
+        inputs = Inputs(family, store, res.zarr_store.catalog(family.name), values, fetch)
+        for stage in stages:
+            key = dg.AssetKey(stage.asset.name)
+            if len(stages) > 1 and key not in context.selected_asset_keys:
+                continue
+
+            def one(partition: str, stage: Stage = stage) -> Built:
+                step = stage.build(inputs, partition)
+                built = build_partition(
+                    store, stage.asset, partition, values, res.build.force, step
+                )
+                inputs.done(partition)
+                return built
+
+            yield materialize_partitions(context, one, key if len(stages) > 1 else None)
+
+    if len(stages) == 1:
+        spec = specs[0]
+
+        @stored_asset(spec, values, partitions, deps[spec.name], resources)
+        def single(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+            return next(build_each(context))
+
+        return single
+
+    @stored_multi_asset(name, specs, values, partitions, deps, resources)
+    def several(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+        """Stages built in one step from one read of what they share (any subset of them)."""
+        yield from build_each(context)
+
+    return several
+
+
+def family_assets(family: Family, settings: Mapping[str, Any]) -> list[dg.AssetsDefinition]:
+    """The partitioned assets of ``family`` — raw ingest and its stages, what its build job
+    builds — with ``settings`` (validated by the family's model: what is not given takes its
+    default)."""
+    values = family.values(settings)
+    stages = [stage_asset(family, name, group, values) for name, group in steps(family).items()]
+    return [raw_asset(family), *stages]

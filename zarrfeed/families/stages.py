@@ -1,0 +1,165 @@
+"""What building one partition of a stage takes: the :class:`Step` a stage's builder returns,
+and the :class:`Inputs` it builds from.
+
+A builder is a plain function ``(inputs, key) -> Step``: it finds the raw item or the upstream
+partitions it reads through :class:`Inputs`, and says how to produce the partition's arrays,
+how to check them and what to report.  The one routine that fingerprints, reuses, checks and
+commits (``zarrfeed.assets.build.build_partition``) does the rest the same way for every
+family; nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from zarrfeed.errors import InputError, StoreError
+from zarrfeed.sources.catalog import RawCatalog, RawItem
+from zarrfeed.sources.raw import SourceWatch, is_hub, item_sha256, source_identity
+from zarrfeed.store import ZarrStore
+from zarrfeed.store.contract import SOURCE, StoredAsset, failed_checks
+
+if TYPE_CHECKING:
+    from zarrfeed.families.family import Family
+
+Checks = dict[str, tuple[bool, dict[str, Any]]]  # check name -> (passed, facts)
+
+
+@dataclass
+class Step:
+    """What a builder supplies to build one partition."""
+
+    inputs: dict[str, Any]  # the fingerprint inputs the contract declares
+    source: str  # provenance: where the data came from
+    source_sha256: str | None
+    produce: Callable[[], dict[str, np.ndarray]]
+    check: Callable[[dict[str, np.ndarray]], Checks]
+    describe: Callable[[dict[str, np.ndarray]], dict[str, Any]] = lambda arrays: {}
+    attrs: dict[str, Any] = field(default_factory=dict)  # more provenance
+    watch: SourceWatch | None = None  # the raw files produce reads, checked after reading
+
+
+class Fetch(Protocol):
+    """Where a raw item's bytes are on this machine: a local item is where it was found; a
+    hub item is downloaded first (and may be dropped once its partition is committed)."""
+
+    def local(self, item: RawItem) -> Path: ...
+
+    def forget(self, path: Path) -> None: ...
+
+
+class LocalFetch:
+    """Raw items on a local or mounted disk."""
+
+    def local(self, item: RawItem) -> Path:
+        if is_hub(item):
+            raise StoreError(f"{item.location}: a hub item, and no hub to download it from")
+        return Path(item.location)
+
+    def forget(self, path: Path) -> None:
+        return None
+
+
+class Inputs:
+    """What a family's builders read: the store, the family's catalog and settings, the raw
+    items.  One per Dagster step: an upstream array read for one stage is read once for all
+    the stages of the step (the last partition's arrays are kept)."""
+
+    def __init__(
+        self,
+        family: Family,
+        store: ZarrStore,
+        catalog: RawCatalog,
+        settings: Mapping[str, Any],
+        fetch: Fetch | None = None,
+    ) -> None:
+        self.family, self.store, self.catalog, self.settings = family, store, catalog, settings
+        self.fetch = fetch or LocalFetch()
+        self._fetched: dict[str, Path] = {}  # key -> where its raw item was fetched to
+        self._partition: tuple[str, str] | None = None
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def item(self, key: str) -> RawItem:
+        """The catalog entry of partition ``key``; one-line failures for a missing source or
+        a key that two raw items claim."""
+        item = self.catalog.require(key)
+        if item.conflict:
+            raise InputError(
+                item.location,
+                f"a raw item of its own for partition key {key!r}",
+                "the same key for " + ", ".join(item.conflict) + " (rename one of them)",
+            )
+        return item
+
+    def files(self, item: RawItem) -> list[Path]:
+        """The local files ``item`` reads (none for a hub item: its commit pins its bytes)."""
+        return [] if is_hub(item) else self.family.raw.files(item)
+
+    def content_hash(self, item: RawItem) -> str:
+        """The item's content hash: recorded (hub listings, an earlier ingest of the same
+        bytes) or computed now and recorded."""
+        if item.content_hash:
+            return item.content_hash
+        if is_hub(item):
+            raise StoreError(f"{item.location}: the hub listing gave no LFS hash for this file")
+        return self.catalog.record_hash(item, item_sha256(item, self.files(item))).sha256 or ""
+
+    def source(self, key: str) -> tuple[RawItem, str, dict[str, Any]]:
+        """(item, content hash, fingerprint inputs) of a first-stage partition."""
+        item = self.item(key)
+        sha = self.content_hash(item)
+        return item, sha, {SOURCE: source_identity(item, sha)}
+
+    def watch(self, item: RawItem) -> SourceWatch:
+        """The item's files as they are now: :meth:`SourceWatch.verify` names one that changes
+        while the build reads it."""
+        return SourceWatch(item, self.files(item))
+
+    def local(self, item: RawItem) -> Path:
+        """Where the item's bytes are on this machine (a hub item is downloaded)."""
+        path = self.fetch.local(item)
+        if is_hub(item):
+            self._fetched[item.key] = path
+        return path
+
+    def fingerprint(self, spec: StoredAsset, key: str) -> str:
+        """The fingerprint of partition ``key`` of upstream ``spec``: an input of the next
+        stage.  Building on a missing partition, or one that failed its checks, fails naming
+        it."""
+        if not self.store.has_partition(spec.path, key):
+            raise StoreError(f"{spec.name}[{key}] is not built: materialise it first")
+        record = self.store.commit_record(spec.path, key)
+        failed = failed_checks(record)
+        if failed:
+            raise StoreError(
+                f"{spec.name}[{key}] failed its checks ({', '.join(failed)}): fix its source; "
+                "nothing is built on it"
+            )
+        return record["attrs"]["fingerprint"]
+
+    def upstream(self, key: str, *specs: StoredAsset) -> dict[str, str]:
+        """The fingerprint inputs of a partition built from ``specs``' partitions ``key``."""
+        return {spec.name: self.fingerprint(spec, key) for spec in specs}
+
+    def read(self, spec: StoredAsset, key: str, name: str) -> np.ndarray:
+        """Array ``name`` of partition ``key`` of ``spec``, read once for the step's stages
+        (the arrays of the last partition read are kept)."""
+        if self._partition != (spec.path, key):
+            self._partition, self._arrays = (spec.path, key), {}
+        if name not in self._arrays:
+            self._arrays[name] = self.store.read_array(spec.path, key, name)
+        return self._arrays[name]
+
+    def shape(self, spec: StoredAsset, key: str, name: str) -> tuple[int, ...]:
+        """The committed shape of an array (no data read)."""
+        return tuple(self.store.commit_record(spec.path, key)["arrays"][name]["shape"])
+
+    def done(self, key: str) -> None:
+        """Partition ``key`` is committed: the raw item downloaded for it may go."""
+        path = self._fetched.pop(key, None)
+        if path is not None:
+            self.fetch.forget(path)
