@@ -130,10 +130,12 @@ def test_nightly_and_verify_on_an_images_store(dagster_env):
         assert build(resources, instance, "images", key).success
     instance.add_dynamic_partitions("image_sets", ["inspection_tset"])  # a typo in the UI
     schedule = nightly_of(resources, "images_nightly")
-    context = dg.build_schedule_context(
+    # The context opens its own instance from the reference: closed with the block, so the
+    # instance's definitions-state storage is not left current for the tests after this one.
+    with dg.build_schedule_context(
         instance=instance, resources=resources, scheduled_execution_time=datetime(2026, 1, 1)
-    )
-    result = schedule.evaluate_tick(context)
+    ) as context:
+        result = schedule.evaluate_tick(context)
     assert not result.run_requests and "inspection_tset" in result.skip_message
     assert "all" not in result.skip_message and "zarrfeed status" in result.skip_message
     store_url = resources["zarr_store"].url
