@@ -295,7 +295,7 @@ def materialize_partitions(
                 b = built[key]
                 log_partition(context, asset, key, b.metadata, b.data_version or "", b.checks)
         if built:
-            yield logged(asset)
+            yield logged(context, asset, {k: b.checks for k, b in built.items()})
     if errors:
         for key, error in errors.items():
             context.log.error(f"partition {key} failed: {error}")

@@ -96,6 +96,31 @@ def log_partition(
         )
 
 
-def logged(asset: dg.AssetKey) -> dg.MaterializeResult:
-    """The step's result for ``asset`` when :func:`log_partition` recorded its partitions."""
-    return dg.MaterializeResult(asset_key=asset, metadata={LOGGED_BY_STEP: True})
+def logged(
+    context: dg.AssetExecutionContext, asset: dg.AssetKey, checks: Mapping[str, Checks]
+) -> dg.MaterializeResult:
+    """The step's result for ``asset`` when :func:`log_partition` recorded its partitions
+    (``checks``: partition -> its check results).
+
+    Each selected check also gets a step-wide result — Dagster starts the next steps only
+    once every output of this one exists — that names the partitions that failed it.  It
+    never stops the next steps for every partition (a failure is a warning): a partition
+    that failed a check is refused by the stages that read it, on its own.
+    """
+    results = []
+    for check in context.selected_asset_check_keys:
+        if check.asset_key != asset:
+            continue
+        failed = sorted(p for p, c in checks.items() if not c[check.name][0])
+        results.append(
+            dg.AssetCheckResult(
+                asset_key=asset,
+                check_name=check.name,
+                passed=not failed,
+                severity=dg.AssetCheckSeverity.WARN if failed else dg.AssetCheckSeverity.ERROR,
+                metadata={"partitions": len(checks), "failed_partitions": failed},
+            )
+        )
+    return dg.MaterializeResult(
+        asset_key=asset, metadata={LOGGED_BY_STEP: True}, check_results=results
+    )
