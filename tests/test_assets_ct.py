@@ -6,7 +6,17 @@ from datetime import datetime
 import dagster as dg
 import numpy as np
 import pytest
-from graph import build, checks, discover, failure, family_assets, runtime, schedule, sensor
+from graph import (
+    build,
+    checks,
+    discover,
+    failure,
+    family_assets,
+    requested,
+    runtime,
+    schedule,
+    sensor,
+)
 
 from zarrfeed.families.ct import CTSettings
 from zarrfeed.formats import write_nifti
@@ -19,21 +29,20 @@ def test_discovery_sensor_adds_partitions_requests_runs_and_reports_gone_sources
     ct_discovery = sensor(resources, "ct_discovery")
     ctx = dg.build_sensor_context(instance=instance, resources=runtime(resources))
     result = ct_discovery(ctx)
-    assert sorted(r.partition_key for r in result.run_requests) == KEYS
+    assert list(requested(result.run_requests, KEYS)) == KEYS
+    assert len(result.run_requests) == 1  # consecutive new partitions: one batched run
     assert result.dynamic_partitions_requests[0].partition_keys == KEYS
     instance.add_dynamic_partitions("ct_scans", KEYS)  # what the daemon does with the request
     assert isinstance(ct_discovery(ctx), dg.SkipReason)
     folder = raw / "ct-rate/dataset/valid_fixed/valid_1/valid_1_a"
     shutil.copy(folder / "valid_1_a_1.nii.gz", folder / "valid_9_a_1.nii.gz")
     result = ct_discovery(ctx)
-    assert [r.partition_key for r in result.run_requests] == ["valid_9_a_1"]
+    assert list(requested(result.run_requests, [*KEYS, "valid_9_a_1"])) == ["valid_9_a_1"]
     instance.add_dynamic_partitions("ct_scans", ["valid_9_a_1"])
     (folder / "valid_9_a_1.nii.gz").unlink()
     write_nifti(folder / "valid_1_a_1.nii.gz", np.zeros((4, 8, 8), np.int16), (1.0, 1.0, 1.0))
     result = ct_discovery(ctx)
-    assert [(r.partition_key, r.tags["zarrfeed/reason"]) for r in result.run_requests] == [
-        ("valid_1_a_1", "raw item changed")
-    ]
+    assert requested(result.run_requests, KEYS) == {"valid_1_a_1": "raw item changed"}
     gone = [(e.partition, e.metadata["source"].value) for e in result.asset_events]
     assert gone == [("valid_9_a_1", "gone")]
 
