@@ -58,7 +58,6 @@ from services import (
 )
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
-warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
 
 
 def naive_ct_branch(path: Path, slope: float, intercept: float, out: Path) -> None:

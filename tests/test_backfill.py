@@ -4,14 +4,16 @@ a rerun builds only what failed."""
 
 import os
 import shutil
+import warnings
 
 import dagster as dg
 import pytest
 from dagster._core.definitions.data_version import DATA_VERSION_TAG, get_input_data_version_tag
 from dagster._core.execution.execution_result import ExecutionResult
-from graph import base_resources, discover, settings
+from graph import FAMILIES, base_resources, definitions, discover, settings
 
 from zarrfeed.assets import family_assets
+from zarrfeed.assets.build import BATCH
 from zarrfeed.components.deployment import ON_PARTIAL_FAILURE
 from zarrfeed.families.ct import CT
 from zarrfeed.jobs.build import build_job
@@ -130,3 +132,15 @@ def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alon
     assert one.success
     assert all(m.metadata["reused"].value for ms in mats(one).values() for m in ms
                if m.asset_key != RAW)  # fmt: skip
+
+
+def test_a_family_job_has_one_backfill_policy_its_raw_ingest_included(dagster_env):
+    _, resources, _ = dagster_env
+    for family in FAMILIES:
+        defs = definitions(resources, family)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", ".*varying BackfillPolicies")
+            defs.resolve_job_def(FAMILIES[family].build_job)
+        assets = family_assets(FAMILIES[family], settings(resources, family))
+        assert {a.backfill_policy for a in assets} == {BATCH}, family
+    assert BATCH.max_partitions_per_run >= 2
