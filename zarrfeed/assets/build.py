@@ -30,7 +30,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.events import log_partition, logged
+from zarrfeed.assets.events import log_partitions, logged
 from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.batching import in_flight, per_run
 from zarrfeed.errors import ZarrfeedError
@@ -289,11 +289,12 @@ def materialize_partitions(
         f"{time.perf_counter() - t0:.1f} s"
     )
     for asset in assets:
-        built = {k: b[asset] for k, b in done.items() if asset in b}
-        for key in keys:
-            if key in built:
-                b = built[key]
-                log_partition(context, asset, key, b.metadata, b.data_version or "", b.checks)
+        built = {k: done[k][asset] for k in keys if asset in done[k]}
+        log_partitions(
+            context,
+            asset,
+            {k: (b.metadata, b.data_version or "", b.checks) for k, b in built.items()},
+        )
         if built:
             yield logged(context, asset, {k: b.checks for k, b in built.items()})
     if errors:

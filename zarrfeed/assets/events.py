@@ -35,71 +35,75 @@ from zarrfeed.assets.metadata import readable
 Checks = Mapping[str, tuple[bool, dict[str, Any]]]
 
 
-def version_tags(
-    instance: dg.DagsterInstance,
-    asset: dg.AssetKey,
-    partition: str,
-    data_version: str,
-    code_version: str | None,
-    upstream: Sequence[dg.AssetKey],
-) -> dict[str, str]:
-    """The tags of a materialisation of ``asset[partition]`` at ``data_version``: its code
-    version and the latest data version (and event) of each upstream partition."""
-    tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
-    if code_version is not None:
-        tags[CODE_VERSION_TAG] = code_version
-    for key in upstream:
-        record = instance.get_latest_data_version_record(key, partition_key=partition)
-        version = extract_data_version_from_entry(record.event_log_entry) if record else None
-        tags[get_input_data_version_tag(key)] = (version or dg.DataVersion("INITIAL")).value
-        tags[get_input_event_pointer_tag(key)] = (
-            str(record.storage_id) if record else NULL_EVENT_POINTER
-        )
-    return tags
+def upstream_versions(
+    instance: dg.DagsterInstance, upstream: dg.AssetKey, partitions: Sequence[str]
+) -> dict[str, tuple[str, int]]:
+    """Partition -> (data version, storage id) of the latest materialisation of each of
+    ``partitions`` of ``upstream``: two queries, whatever the number of partitions."""
+    ids = instance.event_log_storage.get_latest_storage_id_by_partition(
+        upstream, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partitions)
+    )
+    if not ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=upstream, storage_ids=list(ids.values())), limit=len(ids)
+    ).records
+    out = {}
+    for record in records:
+        version = extract_data_version_from_entry(record.event_log_entry)
+        if record.partition_key is not None and version is not None:
+            out[record.partition_key] = (version.value, record.storage_id)
+    return out
 
 
-def log_partition(
+def log_partitions(
     context: dg.AssetExecutionContext,
     asset: dg.AssetKey,
-    partition: str,
-    metadata: Mapping[str, Any],
-    data_version: str,
-    checks: Checks,
+    built: Mapping[str, tuple[Mapping[str, Any], str, Checks]],
 ) -> None:
-    """Record ``asset[partition]`` as materialised at ``data_version``, then its check
-    results (those selected in this run) as that partition's."""
+    """Record each partition of ``built`` (partition -> metadata, data version, check
+    results) as a materialisation of ``asset`` at its data version, with its code version
+    and the latest data version of each upstream partition it read (the tags Dagster writes
+    for a one-partition run), then its check results (those selected in this run)."""
     assets_def = context.assets_def
-    tags = version_tags(
-        context.instance,
-        asset,
-        partition,
-        data_version,
-        assets_def.code_versions_by_key.get(asset),
-        sorted(assets_def.asset_deps.get(asset, ())),
-    )
-    context.log_event(
-        dg.AssetMaterialization(asset_key=asset, partition=partition, metadata=metadata, tags=tags)
-    )
-    for check in context.selected_asset_check_keys:
-        if check.asset_key != asset:
-            continue
-        passed, facts = checks[check.name]
+    code_version = assets_def.code_versions_by_key.get(asset)
+    keys = list(built)
+    upstream = {
+        up: upstream_versions(context.instance, up, keys)
+        for up in sorted(assets_def.asset_deps.get(asset, ()))
+    }
+    checks = [k for k in context.selected_asset_check_keys if k.asset_key == asset]
+    for partition, (metadata, data_version, results) in built.items():
+        tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
+        if code_version is not None:
+            tags[CODE_VERSION_TAG] = code_version
+        for up, versions in upstream.items():
+            version, storage_id = versions.get(partition, ("INITIAL", None))
+            tags[get_input_data_version_tag(up)] = version
+            tags[get_input_event_pointer_tag(up)] = str(storage_id or NULL_EVENT_POINTER)
         context.log_event(
-            dg.AssetCheckEvaluation(
-                asset_key=asset,
-                check_name=check.name,
-                passed=passed,
-                metadata=readable(facts),
-                blocking=True,
-                partition=partition,
+            dg.AssetMaterialization(
+                asset_key=asset, partition=partition, metadata=metadata, tags=tags
             )
         )
+        for check in checks:
+            passed, facts = results[check.name]
+            context.log_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=asset,
+                    check_name=check.name,
+                    passed=passed,
+                    metadata=readable(facts),
+                    blocking=True,
+                    partition=partition,
+                )
+            )
 
 
 def logged(
     context: dg.AssetExecutionContext, asset: dg.AssetKey, checks: Mapping[str, Checks]
 ) -> dg.MaterializeResult:
-    """The step's result for ``asset`` when :func:`log_partition` recorded its partitions
+    """The step's result for ``asset`` when :func:`log_partitions` recorded its partitions
     (``checks``: partition -> its check results).
 
     Each selected check also gets a step-wide result — Dagster starts the next steps only
