@@ -112,6 +112,15 @@ def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alon
                 want = latest.event_log_entry.tags[DATA_VERSION_TAG]
                 assert m.tags[get_input_data_version_tag(dg.AssetKey(up))] == want
     assert set(stored) <= {k.path[-1] for k in by_asset}
+    # What Dagster counts as failed (planned, not materialised) is the bad item alone: what
+    # a backfill's retry of failed partitions runs again.
+    events = instance.event_log_storage
+    for name in [CT.raw.asset, *stored]:
+        attempts = (
+            events.get_latest_asset_partition_materialization_attempts_without_materializations
+        )
+        assert set(attempts(dg.AssetKey(name))) == {BAD}, name
+        assert instance.get_materialized_partitions(dg.AssetKey(name)) == set(good), name
 
     # Fixed, the same range again: only the failed item is built; the others are reused.
     versions = {k: store.commit_record("ct/patches", k)["version"] for k in good}
