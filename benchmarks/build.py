@@ -1,4 +1,6 @@
-"""Build benchmarks: the whole CT branch per scan vs a naive per-scan preprocessing script and vs
+"""Build benchmarks: a CT backfill of 16 scans (raw ingest included, batched runs) vs a naive
+per-scan preprocessing script over the same scans, with Dagster's share per partition and
+the runs it created; the whole CT branch per scan vs the naive script and vs
 the same Dagster run with empty asset bodies (the part no body can save), Dagster's
 per-partition overhead with one run per partition vs batched runs and on a SQLite
 vs a Postgres instance, and an 8-partition CT backfill through the daemon with steps on 2
@@ -6,6 +8,7 @@ Celery workers vs the multiprocess executor (deploy/README.md).
 
     python benchmarks/build.py            # a 512×512×300 CT-RATE-class scan, 100 partitions
     python benchmarks/build.py --quick    # small inputs, no backfills (CI smoke run)
+    python benchmarks/build.py --only-backfill --backfill-scans 8   # the CT backfill only
 
 The Postgres and Celery figures need Postgres and Redis on 127.0.0.1 (tests/services.py
 says how to start them) and their Python clients; where they are missing, those figures are
@@ -13,22 +16,25 @@ skipped with a line that says why, and the others are still measured.
 """
 
 import argparse
+import functools
 import importlib.util
 import os
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import numpy as np
 import yaml
 from _bench import bench, ratio, touch_memory
 
+from zarrfeed.assets import build as build_module
 from zarrfeed.assets import family_assets
-from zarrfeed.assets.build import Built, materialize_partitions
+from zarrfeed.assets.build import BATCH, Built, materialize_partitions
 from zarrfeed.assets.metadata import partition_metadata
 from zarrfeed.families.ct import CT
 from zarrfeed.formats.discover import read_ct_rate_metadata
@@ -58,7 +64,6 @@ from services import (
 )
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
-warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
 
 
 def naive_ct_branch(path: Path, slope: float, intercept: float, out: Path) -> None:
@@ -204,20 +209,21 @@ BODY_SECONDS: list[float] = []
 )
 def bench_tiny(
     context: dg.AssetExecutionContext, zarr_store: ZarrStoreResource
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult]:
     """A small partition written through the store: what Dagster costs around it."""
     store = zarr_store.store()
+    asset = dg.AssetKey("bench_tiny")
 
-    def one(key: str) -> Built:
+    def one(key: str) -> Iterator[tuple[dg.AssetKey, Built]]:
         t0 = time.perf_counter()
         with store.write_partition("bench/tiny", key, {"fingerprint": key}) as w:
             w.write("a", np.full((64, 64), len(key), np.uint8), read="whole")
         seconds = time.perf_counter() - t0
         BODY_SECONDS.append(seconds)
         metadata = partition_metadata(store, "bench/tiny", key, seconds, "benchmark")
-        return Built(metadata, {"non_empty": (True, {})})
+        yield asset, Built(metadata, {"non_empty": (True, {})}, key)
 
-    return materialize_partitions(context, one)
+    yield from materialize_partitions(context, [asset], one, lambda: 1 << 20)
 
 
 def overhead(instance: dg.DagsterInstance, keys: list[str], resources: dict, mode: str) -> float:
@@ -323,15 +329,93 @@ def backfills(work: Path) -> None:
           "8-partition backfill: multiprocess time / Celery time")  # fmt: skip
 
 
+BUILDING: list[float] = []  # wall seconds each batched step spent building its partitions
+
+
+def timed_build_range(real: Callable) -> Callable:
+    """``real`` (``zarrfeed.assets.build.build_range``), its wall time kept in BUILDING."""
+
+    @functools.wraps(real)
+    def build_range(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            BUILDING.append(time.perf_counter() - t0)
+
+    return build_range
+
+
+def ct_backfill(work: Path, size: str, n: int) -> None:
+    """``n`` scans through the whole CT branch, raw ingest included, as a backfill runs them:
+    runs of the assets' backfill policy (``BackfillPolicy.multi_run``) over partition ranges,
+    in process on a fresh SQLite instance, vs the naive script over the same scans one after
+    another.  Dagster's share per partition: run wall time minus the time its steps spent
+    building partitions (everything around the work: runs, steps, events, checks)."""
+    raw = work / f"raw{n}"
+    paths = list(make_ct_rate(raw / "ct-rate", n, size, np.random.default_rng(1)))
+    rows = read_ct_rate_metadata(raw)
+    resources = {
+        "build": BuildOptions(),
+        "hf": HuggingFaceResource(),
+        "zarr_store": ZarrStoreResource(url=str(work / "backfill.zarr")),
+        "raw": RawFolderResource(root=str(raw)),
+    }
+    (work / "home_backfill").mkdir()
+    BUILDING.clear()
+    build_module.build_range = timed_build_range(build_module.build_range)
+    with dg.instance_for_test(temp_dir=str(work / "home_backfill")) as instance:
+        keys = discover_into(instance, CT, resources["raw"], resources["zarr_store"])
+        assert len(keys) == n
+        assets = family_assets(CT, {})  # the defaults, as in build.ct_scan_vs_naive
+        per_run = BATCH.max_partitions_per_run or 1
+        t0 = time.perf_counter()
+        for i in range(0, n, per_run):
+            batch = keys[i : i + per_run]
+            tags = {"dagster/asset_partition_range_start": batch[0],
+                    "dagster/asset_partition_range_end": batch[-1]}  # fmt: skip
+            result = dg.materialize(assets, tags=tags, resources=resources, instance=instance)
+            assert result.success
+        ours = time.perf_counter() - t0
+        runs = instance.get_runs_count()
+    build_module.build_range = build_module.build_range.__wrapped__
+    naive = work / "naive_backfill"
+    t0 = time.perf_counter()
+    for path in paths:
+        key = path.name.removesuffix(".nii.gz")
+        claim = csv_rescale(rows.get(key))
+        slope, intercept = (claim.slope, claim.intercept) if claim else (1.0, 0.0)
+        (naive / key).mkdir(parents=True)
+        naive_ct_branch(path, slope, intercept, naive / key)
+    base = time.perf_counter() - t0
+    cores = len(os.sched_getaffinity(0))
+    text = (f"{n} {CT_SHAPES[size]} scans, raw ingest -> HU, windows, sparse, patch index, "
+            f"{runs} Dagster run(s) of up to {per_run} partitions ({ours:.1f} s) vs the naive "
+            f"script per scan ({base:.1f} s), {cores} cores")  # fmt: skip
+    ratio("build.ct_backfill_vs_naive", ours, base, text)
+    bench("build.ct_backfill_runs", runs, "runs", f"runs created for {n} scans")
+    outside = (ours - sum(BUILDING)) / n
+    bench("build.dagster_overhead_per_partition_s", outside, "s",
+          "that backfill's wall time outside its steps' partition builds, each")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small inputs (smoke run)")
+    parser.add_argument("--backfill-scans", type=int, default=16,
+                        help="scans in the CT backfill figure")  # fmt: skip
+    parser.add_argument("--only-backfill", action="store_true",
+                        help="measure the CT backfill figures only")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp())
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "home2").mkdir()
-        ct_branch(work, "small" if args.quick else "full", rounds=1 if args.quick else 2)
+        size = "small" if args.quick else "full"
+        ct_backfill(work, size, 4 if args.quick else args.backfill_scans)
+        if args.only_backfill:
+            return
+        ct_branch(work, size, rounds=1 if args.quick else 2)
         dagster_overhead(work, 20 if args.quick else 100)
         if not args.quick:  # two deployments: minutes, not a smoke run
             backfills(work)

@@ -50,7 +50,6 @@ from zarrfeed.store import ZarrStore
 from zarrfeed.training import CTPatchDataset
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
-warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
 
 VERSION = "v20261122T000000000Z-00000000"  # of every synthetic partition
 REAL = 32  # raw files that are tiny real NIfTI volumes (the overhead runs read them)

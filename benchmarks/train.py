@@ -41,7 +41,6 @@ from zarrfeed.transforms import ct
 from zarrfeed.transforms.hu import csv_rescale
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
-warnings.filterwarnings("ignore", message=".*varying BackfillPolicies")
 SPACING = (1.5, 0.75, 0.75)  # the CT settings' default (CT-CLIP)
 
 

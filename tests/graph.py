@@ -110,6 +110,24 @@ def checks(result) -> dict[tuple[str, str], bool]:
             for c in result.get_asset_check_evaluations()}  # fmt: skip
 
 
+def requested(requests, order: list[str]) -> dict[str, str]:
+    """Partition key -> reason of every partition the build-run ``requests`` (partition
+    ranges expanded in the partitions' ``order``) ask for, in request order."""
+    from zarrfeed.jobs.requests import RANGE_END, RANGE_START, REASON
+
+    out: dict[str, str] = {}
+    for r in requests:
+        if REASON not in r.tags:
+            continue  # not a build run (a dataset manifest's)
+        if r.partition_key is not None:
+            keys = [r.partition_key]
+        else:
+            start, end = order.index(r.tags[RANGE_START]), order.index(r.tags[RANGE_END])
+            keys = order[start : end + 1]
+        out.update(dict.fromkeys(keys, r.tags[REASON]))
+    return out
+
+
 def failure(result) -> str:
     """The first step failure's message and cause chain, as text."""
     event = next(e for e in result.all_events if e.is_step_failure)

@@ -30,7 +30,9 @@ def test_transforms_benchmark_quick():
 def test_build_benchmark_quick():
     assert {"build.ct_scan_vs_naive", "build.ct_scan_seconds", "build.ct_dagster_fixed_s",
             "build.ct_scan_cpu_s", "build.dagster_overhead_s.single",
-            "build.dagster_overhead_s.batched"} <= bench_names("build.py")  # fmt: skip
+            "build.dagster_overhead_s.batched", "build.ct_backfill_vs_naive",
+            "build.ct_backfill_runs", "build.dagster_overhead_per_partition_s",
+            } <= bench_names("build.py")  # fmt: skip
 
 
 @pytest.mark.slow

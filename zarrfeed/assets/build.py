@@ -13,12 +13,13 @@ fingerprint inputs, how to produce its arrays, how to check them — and
    dataset (``store.contract.failed_checks``);
 4. the metadata and check results Dagster records.
 
-:func:`materialize_partitions` runs it for the run's partition or for each partition of a
-batched backfill run; :func:`stored_asset` and :func:`stored_multi_asset` declare the Dagster
-assets from the contract.
+:func:`materialize_partitions` runs it for the run's partition or for the partitions of a
+batched backfill run, several at once; :func:`stored_asset` and :func:`stored_multi_asset`
+declare the Dagster assets from the contract.
 """
 
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,16 +30,20 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
+from zarrfeed.assets.events import log_partitions, logged
 from zarrfeed.assets.metadata import partition_metadata, readable, shown
+from zarrfeed.batching import in_flight, per_run
 from zarrfeed.errors import ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
+from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import StoredAsset, stale_reason
 
-# Backfills of derived assets run this many partitions per run: the ~1–2 s start-up of a run
-# is paid once per batch instead of once per partition (benchmarks/build.py).
-BATCH = dg.BackfillPolicy.multi_run(max_partitions_per_run=16)
+# Backfills run this many partitions per run, raw ingest included (every partitioned asset
+# of a family has this policy, so a family's backfill runs all its steps in one run per
+# batch): the ~1–2 s start-up of a run is paid once per batch (benchmarks/build.py).
+BATCH = dg.BackfillPolicy.multi_run(max_partitions_per_run=per_run(usable_cpus()))
 OWNERS = ["team:ml-data"]
 IO_POOL = "zarrfeed_io"  # raw ingest and downloads (deploy/dagster.yaml sets its limit)
 
@@ -237,88 +242,93 @@ def stored_multi_asset(
     return wrap
 
 
+PartitionBuild = Callable[[str], Iterator[tuple[dg.AssetKey, Built]]]
+
+
 def materialize_partitions(
     context: dg.AssetExecutionContext,
-    build: Callable[[str], Built],
-    asset_key: dg.AssetKey | None = None,
-) -> dg.MaterializeResult:
-    """Build every partition of the run and report them with the selected checks (of
-    ``asset_key`` when the step materialises several assets).
+    assets: list[dg.AssetKey],
+    build: PartitionBuild,
+    item_bytes: Callable[[], int],
+) -> Iterator[dg.MaterializeResult]:
+    """Build the run's partitions of ``assets`` (``build(key)`` yields each asset's
+    :class:`Built` in order) and report them.
 
-    A run of one partition reports its checks as that partition's.  Dagster 1.13 records one
-    materialisation and one check result per asset per step whatever the number of
-    partitions, so a batch reports per-partition facts in a table, logs each partition's
-    check results as that partition's, and its step's own result passes only when the check
-    passed for every partition.
+    A one-partition run reports its results as Dagster does.  A batched run builds its
+    partitions side by side, as many at once as the cores and the memory allow for items
+    needing ``item_bytes()`` each (``zarrfeed.batching.in_flight``); each partition commits on
+    its own, and a failing one fails alone: every partition that built is recorded as its
+    own materialisation, data version and check results (``zarrfeed.assets.events``), and
+    then the step fails naming the failed keys, so a retry (or a run of those keys) builds
+    them while the committed ones are reused.
     """
-    check_names = [
-        k.name
-        for k in context.selected_asset_check_keys
-        if asset_key is None or k.asset_key == asset_key
-    ]
-    keys = context.partition_keys
-
-    def check(n: str, passed: bool, metadata: dict[str, Any]) -> dg.AssetCheckResult:
-        return dg.AssetCheckResult(
-            asset_key=asset_key, check_name=n, passed=passed, metadata=readable(metadata)
-        )
-
-    if len(keys) == 1:
-        built = build(keys[0])
-        return dg.MaterializeResult(
-            asset_key=asset_key,
-            metadata=built.metadata,
-            data_version=dg.DataVersion(built.data_version) if built.data_version else None,
-            check_results=[check(n, *built.checks[n]) for n in check_names],
-        )
+    if context.has_partition_key:
+        for asset, built in build(context.partition_key):
+            yield dg.MaterializeResult(
+                asset_key=asset,
+                metadata=built.metadata,
+                data_version=dg.DataVersion(built.data_version) if built.data_version else None,
+                check_results=[
+                    dg.AssetCheckResult(
+                        asset_key=asset,
+                        check_name=k.name,
+                        passed=built.checks[k.name][0],
+                        metadata=readable(built.checks[k.name][1]),
+                    )
+                    for k in context.selected_asset_check_keys
+                    if k.asset_key == asset
+                ],
+            )
+        return
+    keys = list(context.partition_keys)
+    workers = in_flight(usable_cpus(), available_memory(), item_bytes(), len(keys))
     t0 = time.perf_counter()
-    results: dict[str, Built] = {}
-    errors: dict[str, str] = {}
-    for key in keys:
-        try:
-            results[key] = build(key)
-        except (ZarrfeedError, dg.Failure, OSError, ValueError) as exc:
-            errors[key] = str(exc)
-            context.log.error(f"partition {key} failed: {exc}")
+    done, errors = build_range(keys, build, workers)
+    context.log.info(
+        f"built {len(keys) - len(errors)} of {len(keys)} partitions, {workers} at once, in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
+    for asset in assets:
+        built = {k: done[k][asset] for k in keys if asset in done[k]}
+        log_partitions(
+            context,
+            asset,
+            {k: (b.metadata, b.data_version or "", b.checks) for k, b in built.items()},
+        )
+        if built:
+            yield logged(context, asset, {k: b.checks for k, b in built.items()})
     if errors:
-        # Good partitions are committed and will be reused by the retry; the failing ones
-        # are named so the retry (or a single-partition run) can be aimed at them.
+        for key, error in errors.items():
+            context.log.error(f"partition {key} failed: {error}")
+        # Built partitions are committed and recorded; the failing ones are named so that a
+        # retry (or a run of just those keys) builds them.
         raise dg.Failure(
             description=f"{len(errors)} of {len(keys)} partitions failed: "
             + "; ".join(f"{k}: {e}" for k, e in errors.items()),
             metadata={"failed": dg.MetadataValue.json(errors)},
         )
-    checked = asset_key or context.assets_def.key
-    for key, built in results.items():
-        for n in check_names:
-            passed, metadata = built.checks[n]
-            context.log_event(
-                dg.AssetCheckEvaluation(
-                    asset_key=checked,
-                    check_name=n,
-                    passed=passed,
-                    metadata=readable(metadata),
-                    blocking=True,
-                    partition=key,
-                )
-            )
-    rows = {
-        k: {n: v for n, v in b.metadata.items() if isinstance(v, int | float | str | bool)}
-        for k, b in results.items()
-    }
-    return dg.MaterializeResult(
-        asset_key=asset_key,
-        metadata={
-            "batch_partitions": len(keys),
-            "batch_seconds": round(time.perf_counter() - t0, 3),
-            "partitions": dg.MetadataValue.json(rows),
-        },
-        check_results=[
-            check(
-                n,
-                all(b.checks[n][0] for b in results.values()),
-                {"failed_partitions": [k for k, b in results.items() if not b.checks[n][0]]},
-            )
-            for n in check_names
-        ],
-    )
+
+
+def build_range(
+    keys: list[str], build: PartitionBuild, workers: int
+) -> tuple[dict[str, dict[dg.AssetKey, Built]], dict[str, str]]:
+    """Build ``keys`` on ``workers`` threads (the transforms, codecs and hashes release the
+    GIL): what each partition built, by asset, and why each failing one failed (a failure
+    stops that partition only)."""
+
+    def one(key: str) -> tuple[dict[dg.AssetKey, Built], str | None]:
+        out: dict[dg.AssetKey, Built] = {}
+        try:
+            for asset, built in build(key):
+                out[asset] = built
+        except (ZarrfeedError, dg.Failure, OSError, ValueError) as exc:
+            return out, str(exc)
+        except Exception as exc:  # a bug: fail the partition with its traceback
+            return out, "".join(traceback.format_exception(exc))
+        return out, None
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="partition") as pool:
+        outcomes = dict(zip(keys, pool.map(one, keys), strict=True))
+    done = {k: out for k, (out, _) in outcomes.items()}
+    errors = {k: error for k, (_, error) in outcomes.items() if error is not None}
+    return done, errors

@@ -9,6 +9,7 @@ disagree.
 """
 
 from collections.abc import Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from zarrfeed.assets.build import (
     stored_multi_asset,
 )
 from zarrfeed.assets.partitions import partitions_def
-from zarrfeed.assets.raw import raw_asset
+from zarrfeed.assets.raw import item_bytes, raw_asset
 from zarrfeed.families import Family, Inputs, Stage
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import is_hub
@@ -71,28 +72,33 @@ def stage_asset(
         res = context.resources
         store = res.zarr_store.store()
         fetch = HubFetch(res.hf) if family.hub else None
-        inputs = Inputs(family, store, res.zarr_store.catalog(family.name), values, fetch)
-        for stage in stages:
-            key = dg.AssetKey(stage.asset.name)
-            if len(stages) > 1 and key not in context.selected_asset_keys:
-                continue
+        catalog = res.zarr_store.catalog(family.name)
+        inputs = Inputs(family, store, catalog, values, fetch)
+        chosen = [
+            s
+            for s in stages
+            if len(stages) == 1 or dg.AssetKey(s.asset.name) in context.selected_asset_keys
+        ]
 
-            def one(partition: str, stage: Stage = stage) -> Built:
+        def one(partition: str) -> Iterator[tuple[dg.AssetKey, Built]]:
+            """The chosen stages of ``partition``, in order (a failure stops the rest)."""
+            for stage in chosen:
                 step = stage.build(inputs, partition)
-                built = build_partition(
-                    store, stage.asset, partition, values, res.build.force, step
-                )
-                inputs.done(partition)
-                return built
+                force = res.build.force
+                built = build_partition(store, stage.asset, partition, values, force, step)
+                yield dg.AssetKey(stage.asset.name), built
+            inputs.done(partition)
 
-            yield materialize_partitions(context, one, key if len(stages) > 1 else None)
+        assets = [dg.AssetKey(s.asset.name) for s in chosen]
+        size = partial(item_bytes, family, catalog, context.partition_keys)
+        yield from materialize_partitions(context, assets, one, size)
 
     if len(stages) == 1:
         spec = specs[0]
 
         @stored_asset(spec, values, partitions, deps[spec.name], resources)
-        def single(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-            return next(build_each(context))
+        def single(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+            yield from build_each(context)
 
         return single
 

@@ -23,6 +23,11 @@ from zarrfeed.jobs.nightly import store_maintenance_nightly
 from zarrfeed.processes import usable_cpus
 from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
 
+# A step that fails some partitions of a batched run still commits and records the others
+# (zarrfeed.assets.build.materialize_partitions); the next steps build on those rather than
+# waiting for a retry.  (Celery's executor has no such setting: there a retry builds them.)
+ON_PARTIAL_FAILURE = {"step_dependency_config": {"require_upstream_step_success": False}}
+
 
 def executor(kind: str) -> dg.ExecutorDefinition:
     if kind == "celery":
@@ -34,7 +39,9 @@ def executor(kind: str) -> dg.ExecutorDefinition:
                 "backend": {"env": "ZARRFEED_CELERY_BACKEND"},
             }
         )
-    return dg.multiprocess_executor.configured({"max_concurrent": usable_cpus()})
+    return dg.multiprocess_executor.configured(
+        {"max_concurrent": usable_cpus(), **ON_PARTIAL_FAILURE}
+    )
 
 
 class DeploymentComponent(dg.Component, dg.Model, dg.Resolvable):

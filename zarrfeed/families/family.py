@@ -53,6 +53,9 @@ class RawSource:
     describe: Callable[[RawItem], RawFacts]
     readable: Check  # the raw-ingest asset's blocking check
     version: str = "1"  # bump when the facts reported for the same item change
+    # Peak memory building one item takes per byte of the raw item (its decoded arrays and
+    # their intermediates): how many items a batched run builds at once.
+    memory_per_byte: float = 16.0
 
 
 @dataclass(frozen=True)

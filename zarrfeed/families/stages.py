@@ -10,6 +10,7 @@ family; nothing here imports Dagster.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +67,9 @@ class LocalFetch:
 
 class Inputs:
     """What a family's builders read: the store, the family's catalog and settings, the raw
-    items.  One per Dagster step: an upstream array read for one stage is read once for all
-    the stages of the step (the last partition's arrays are kept)."""
+    items.  One per Dagster step, shared by the threads that build its partitions: an
+    upstream array read for one stage is read once for all the stages of the step (each
+    thread keeps the arrays of the last partition it read)."""
 
     def __init__(
         self,
@@ -80,8 +82,7 @@ class Inputs:
         self.family, self.store, self.catalog, self.settings = family, store, catalog, settings
         self.fetch = fetch or LocalFetch()
         self._fetched: dict[str, Path] = {}  # key -> where its raw item was fetched to
-        self._partition: tuple[str, str] | None = None
-        self._arrays: dict[str, np.ndarray] = {}
+        self._read = threading.local()  # per building thread: (path, key), its arrays
 
     def item(self, key: str) -> RawItem:
         """The catalog entry of partition ``key``; one-line failures for a missing source or
@@ -147,12 +148,13 @@ class Inputs:
 
     def read(self, spec: StoredAsset, key: str, name: str) -> np.ndarray:
         """Array ``name`` of partition ``key`` of ``spec``, read once for the step's stages
-        (the arrays of the last partition read are kept)."""
-        if self._partition != (spec.path, key):
-            self._partition, self._arrays = (spec.path, key), {}
-        if name not in self._arrays:
-            self._arrays[name] = self.store.read_array(spec.path, key, name)
-        return self._arrays[name]
+        (each thread keeps the arrays of the last partition it read)."""
+        cache = self._read
+        if getattr(cache, "partition", None) != (spec.path, key):
+            cache.partition, cache.arrays = (spec.path, key), {}
+        if name not in cache.arrays:
+            cache.arrays[name] = self.store.read_array(spec.path, key, name)
+        return cache.arrays[name]
 
     def shape(self, spec: StoredAsset, key: str, name: str) -> tuple[int, ...]:
         """The committed shape of an array (no data read)."""

@@ -6,10 +6,6 @@ import dagster as dg
 from zarrfeed.families import Family
 from zarrfeed.resources import ZarrStoreResource
 
-# Raw ingest runs one partition per run (per-item data versions) while stored assets batch,
-# so a family job backfills one partition per run and asset backfills batch: intended, and
-# Dagster says so ("materializes assets with varying BackfillPolicies") when it resolves it.
-
 
 def build_job(family: Family):  # an unresolved asset job (its type is not public)
     return dg.define_asset_job(

@@ -1,8 +1,9 @@
 """Discovery sensors: every raw item under the raw folder becomes a partition and a build.
 
 A tick scans the folder (no file is read), records what changed in the family's catalog and
-asks for runs of the new and changed items only — a bounded number per tick, the rest
-waiting in the build queue (``zarrfeed.jobs.queue``) for the next ticks; items whose source
+asks for runs of the new and changed items only — consecutive items batched into one run
+(``zarrfeed.jobs.requests``), a bounded number of items per tick, the rest waiting in the
+build queue (``zarrfeed.jobs.queue``) for the next ticks; items whose source
 is gone are reported on their raw asset, and ``zarrfeed partitions remove`` drops their
 partitions.
 """
@@ -16,6 +17,7 @@ import dagster as dg
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.families import Family
 from zarrfeed.jobs.queue import BuildQueue
+from zarrfeed.jobs.requests import batched_requests
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store.bulk import gc_paused
@@ -56,16 +58,9 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
             released = BuildQueue(zarr_store.store().backend, family).release(
                 context.instance, dict(sorted(added.items()))
             )
-            requests = [
-                dg.RunRequest(
-                    job_name=job.name,
-                    partition_key=k,
-                    run_key=f"{family}:{k}:{_digest(index[k].stamp, why)}",
-                    tags={"zarrfeed/reason": why},
-                )
-                for k, why in released
-                if k in index  # a queued item whose source has gone since
-            ]
+            order = [*context.instance.get_dynamic_partitions(partitions.name), *new]
+            present = [(k, why) for k, why in released if k in index]  # sources may have gone
+            requests = batched_requests(job.name, family, order, present, lambda k: index[k].stamp)
             conflicted = sorted(k for k, item in index.items() if item.conflict)
             cursor = _digest(json.dumps(conflicted))  # the conflicts the manifest reflects
             if cursor != (context.cursor or _digest("[]")):

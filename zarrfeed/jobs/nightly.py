@@ -1,6 +1,7 @@
 """Nightly schedules: rebuild exactly the partitions that are missing or out of date.
 
-Out of date has one meaning, the data contract's (:meth:`zarrfeed.families.Family.out_of_date`
+Consecutive partitions that need a build share a run (``zarrfeed.jobs.requests``).  Out of
+date has one meaning, the data contract's (:meth:`zarrfeed.families.Family.out_of_date`
 over ``zarrfeed.store.contract.stale_reason``): the committed fingerprint differs from the one
 the current code, settings and inputs give.  The settings are the ones the family's assets
 were defined with, so what the schedule calls stale is what the UI shows stale.
@@ -13,6 +14,7 @@ import dagster as dg
 
 from zarrfeed.families import Family
 from zarrfeed.jobs.queue import PER_TICK, BuildQueue
+from zarrfeed.jobs.requests import batched_requests
 from zarrfeed.resources import ZarrStoreResource
 from zarrfeed.store.bulk import gc_paused
 
@@ -46,12 +48,7 @@ def nightly_schedule(declared: Family, job, settings: Mapping[str, Any]) -> dg.S
             queued = {k: f"nightly {when}: {why}" for k, why in later}
             BuildQueue(store.backend, family).add(queued)
             context.log.info(f"{len(later)} more {family} partitions wait in the build queue")
-        requests = [
-            dg.RunRequest(
-                partition_key=k, run_key=f"{family}:{k}:{when}", tags={"zarrfeed/reason": why}
-            )
-            for k, why in now
-        ]
+        requests = batched_requests(job.name, family, keys, now, lambda k: when)
         if requests:
             return requests
         orphans = sorted(k for k in keys if k not in index or index[k].conflict)

@@ -2,12 +2,13 @@
 
 A first discovery of CT-RATE finds 50,000 scans, and a changed setting makes a nightly
 evaluation find 50,000 stale partitions.  Returned as 50,000 run requests at once, a single
-tick would create 50,000 queued runs (minutes of run-storage writes inside one tick, a run
-queue and a UI that list them all).  Instead the sensor and the schedule hand out at most
-:data:`PER_TICK` requests, and only while fewer than :data:`IN_FLIGHT` runs of the family are
-queued or running; the rest wait here, in the store beside the catalog
-(``.zarrfeed/catalog/<family>/queue.json``: key → why), and the discovery sensor releases
-them tick by tick.  Memory stays bounded by the keys, never by run objects.
+tick would create thousands of queued runs even batched (minutes of run-storage writes
+inside one tick, a run queue and a UI that list them all).  Instead the sensor and the
+schedule hand out at most :data:`PER_TICK` partitions, batched into runs, and only while
+fewer than :data:`IN_FLIGHT` runs of the family are queued or running; the rest wait here,
+in the store beside the catalog (``.zarrfeed/catalog/<family>/queue.json``: key → why), and
+the discovery sensor releases them tick by tick.  Memory stays bounded by the keys, never by
+run objects.
 
 The sensor and the nightly schedule may write the queue at the same moment and one may lose
 the other's additions; nothing is lost for good, since the next nightly evaluation finds
@@ -23,7 +24,7 @@ from zarrfeed.store.backends import Backend
 from zarrfeed.store.keys import check_asset
 from zarrfeed.store.layout import catalog_path
 
-PER_TICK = 500  # run requests one tick may return
+PER_TICK = 4000  # partitions one tick may request (batched: a few hundred runs)
 IN_FLIGHT = 2000  # queued + running runs of one family above which nothing more is released
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -54,14 +55,14 @@ class BuildQueue:
         self, instance: dg.DagsterInstance | None, added: dict[str, str]
     ) -> list[tuple[str, str]]:
         """Add ``added`` (key → why) to the queue and take out what may run now: (key, why)
-        pairs, at most :data:`PER_TICK`, and no more than the room under :data:`IN_FLIGHT`
-        (none without an ``instance`` to count runs in)."""
+        pairs, at most :data:`PER_TICK`, none once :data:`IN_FLIGHT` runs are queued or
+        running (none without an ``instance`` to count runs in)."""
         waiting = self.load()
         before = dict(waiting)
         waiting.update(added)
         room = 0
         if waiting and instance is not None:
-            room = min(PER_TICK, IN_FLIGHT - self.in_flight(instance))
+            room = PER_TICK if self.in_flight(instance) < IN_FLIGHT else 0
         released = list(waiting.items())[: max(room, 0)]
         for key, _ in released:
             del waiting[key]

@@ -1,0 +1,155 @@
+"""A batched backfill run of a whole family, raw ingest included: its partitions build side
+by side, each is recorded with its own data version and checks, a bad item fails alone, and
+a rerun builds only what failed."""
+
+import os
+import shutil
+import warnings
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.data_version import DATA_VERSION_TAG, get_input_data_version_tag
+from dagster._core.execution.execution_result import ExecutionResult
+from graph import FAMILIES, base_resources, definitions, discover, settings
+
+from zarrfeed.assets import family_assets
+from zarrfeed.assets.build import BATCH
+from zarrfeed.components.deployment import ON_PARTIAL_FAILURE
+from zarrfeed.families.ct import CT
+from zarrfeed.jobs.build import build_job
+from zarrfeed.resources import ZarrStoreResource
+from zarrfeed.sources.raw import source_version
+
+KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
+BAD = "train_2_a_1"
+RANGE = {"dagster/asset_partition_range_start": KEYS[0],
+         "dagster/asset_partition_range_end": KEYS[-1]}  # fmt: skip
+RAW = dg.AssetKey(CT.raw.asset)
+STORE, SETTINGS = "ZF_TEST_BACKFILL_STORE", "ZF_TEST_BACKFILL_SETTINGS"
+
+
+def ct_job() -> dg.JobDefinition:
+    """The CT family's build job, in process, configured as the deployment's executor is
+    for partial failures (``dg.materialize`` ignores executor settings)."""
+    from zarrfeed.families.ct import CTSettings
+
+    defs = dg.Definitions(
+        assets=family_assets(CT, CTSettings.model_validate_json(os.environ[SETTINGS])),
+        resources={**base_resources(), "zarr_store": ZarrStoreResource(url=os.environ[STORE])},
+        jobs=[build_job(CT)],
+        executor=dg.in_process_executor.configured(ON_PARTIAL_FAILURE),
+    )
+    return defs.resolve_job_def(CT.build_job)
+
+
+def run(instance: dg.DagsterInstance, tags: dict[str, str]) -> ExecutionResult:
+    with dg.execute_job(dg.reconstructable(ct_job), instance, tags=tags) as result:
+        return result  # its events stay readable; its outputs are not read
+
+
+def mats(result: ExecutionResult) -> dict[dg.AssetKey, list[dg.AssetMaterialization]]:
+    out: dict[dg.AssetKey, list[dg.AssetMaterialization]] = {}
+    for event in result.get_asset_materialization_events():
+        m = event.event_specific_data.materialization
+        out.setdefault(m.asset_key, []).append(m)
+    return out
+
+
+def step_failures(result: ExecutionResult) -> str:
+    return "\n".join(
+        e.event_specific_data.error.to_string() for e in result.all_events if e.is_step_failure
+    )
+
+
+@pytest.mark.slow
+def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alone(
+    dagster_env, monkeypatch
+):
+    raw, resources, instance = dagster_env
+    monkeypatch.setenv(STORE, resources["zarr_store"].url)
+    ct = CT.settings.model_validate(settings(resources, "ct"))
+    monkeypatch.setenv(SETTINGS, ct.model_dump_json())
+    assert discover(instance, resources, "ct")[: len(KEYS)] == KEYS
+    store = resources["zarr_store"].store()
+    bad = raw / "ct-rate/dataset/train_fixed/train_2/train_2_a/train_2_a_1.nii.gz"
+    saved = bad.read_bytes()
+    bad.write_bytes(b"truncated")
+    discover(instance, resources, "ct")
+    stored = [spec.name for spec in CT.assets]
+
+    result = run(instance, RANGE)
+    assert not result.success
+    message = step_failures(result)
+    assert "1 of 4 partitions failed" in message and "train_2_a_1.nii.gz" in message
+    good = [k for k in KEYS if k != BAD]
+    for spec in CT.assets:  # the others committed, every stage
+        assert store.list_partitions(spec.path) == good, spec.name
+    by_asset = mats(result)
+    # Raw ingest hashed every item; the bad one is unreadable and fails on its own.
+    assert sorted(m.partition for m in by_asset[RAW]) == good
+    catalog = resources["zarr_store"].catalog("ct")
+    for m in by_asset[RAW]:
+        item = catalog.require(m.partition)  # with the hash its ingest recorded
+        assert m.tags[DATA_VERSION_TAG] == source_version(item, item.sha256)
+    assert len({m.tags[DATA_VERSION_TAG] for m in by_asset[RAW]}) == len(good)
+    # One materialisation per committed partition, with that partition's own data version
+    # (its fingerprint) and the data version of its own upstream partition.
+    for spec in [CT.raw, *CT.assets]:
+        key = dg.AssetKey(spec.asset if spec is CT.raw else spec.name)
+        own = {c.partition for c in result.get_asset_check_evaluations()
+               if c.asset_key == key and c.partition}  # fmt: skip
+        assert own == set(good), key
+    for spec in CT.assets:
+        events = by_asset[dg.AssetKey(spec.name)]
+        assert sorted(m.partition for m in events) == good, spec.name
+        for m in events:
+            record = store.commit_record(spec.path, m.partition)
+            assert m.tags[DATA_VERSION_TAG] == record["attrs"]["fingerprint"]
+            for up in CT.upstream_keys(spec):
+                latest = instance.get_latest_data_version_record(
+                    dg.AssetKey(up), partition_key=m.partition
+                )
+                want = latest.event_log_entry.tags[DATA_VERSION_TAG]
+                assert m.tags[get_input_data_version_tag(dg.AssetKey(up))] == want
+    assert set(stored) <= {k.path[-1] for k in by_asset}
+    # What Dagster counts as failed (planned, not materialised) is the bad item alone: what
+    # a backfill's retry of failed partitions runs again.
+    events = instance.event_log_storage
+    for name in [CT.raw.asset, *stored]:
+        attempts = (
+            events.get_latest_asset_partition_materialization_attempts_without_materializations
+        )
+        assert set(attempts(dg.AssetKey(name))) == {BAD}, name
+        assert instance.get_materialized_partitions(dg.AssetKey(name)) == set(good), name
+
+    # Fixed, the same range again: only the failed item is built; the others are reused.
+    versions = {k: store.commit_record("ct/patches", k)["version"] for k in good}
+    bad.write_bytes(saved)
+    shutil.copystat(bad, bad)
+    discover(instance, resources, "ct")
+    again = run(instance, RANGE)
+    assert again.success
+    for spec in CT.assets:
+        built = {m.partition: m.metadata["reused"].value
+                 for m in mats(again)[dg.AssetKey(spec.name)]}  # fmt: skip
+        assert built == {k: k != BAD for k in KEYS}, spec.name
+        assert store.list_partitions(spec.path) == KEYS
+    assert {k: store.commit_record("ct/patches", k)["version"] for k in good} == versions
+
+    # A run of the one key alone is an ordinary one-partition run, reused as well.
+    one = run(instance, {"dagster/partition": BAD})
+    assert one.success
+    assert all(m.metadata["reused"].value for ms in mats(one).values() for m in ms
+               if m.asset_key != RAW)  # fmt: skip
+
+
+def test_a_family_job_has_one_backfill_policy_its_raw_ingest_included(dagster_env):
+    _, resources, _ = dagster_env
+    for family in FAMILIES:
+        defs = definitions(resources, family)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", ".*varying BackfillPolicies")
+            defs.resolve_job_def(FAMILIES[family].build_job)
+        assets = family_assets(FAMILIES[family], settings(resources, family))
+        assert {a.backfill_policy for a in assets} == {BATCH}, family
+    assert BATCH.max_partitions_per_run >= 2

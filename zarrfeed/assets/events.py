@@ -1,0 +1,130 @@
+"""Per-partition materialisations of a batched (partition-range) run, each with its own data
+version.
+
+Dagster 1.13 records one data version per asset per step: a step that returns one result
+for a range of partitions gives every partition the same version, so a changed raw item
+would make every partition of its batch look stale, and a partition that failed would be
+recorded as materialised.  A batched step therefore logs one ``AssetMaterialization`` per
+partition it committed — with the data-version, code-version and input-provenance tags
+Dagster itself writes for a one-partition run, the upstream versions read per partition —
+and returns its result with the marker Dagster reads as "the step logged its own events"
+(the marker its auto-converted observable source assets use), so no range-wide event
+follows.  ``tests/test_backfill.py`` pins this behaviour: exactly one materialisation per
+committed partition, carrying that partition's version.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.data_version import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+    NULL_EVENT_POINTER,
+    extract_data_version_from_entry,
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
+from dagster._core.definitions.source_asset import (
+    SYSTEM_METADATA_KEY_SOURCE_ASSET_OBSERVATION as LOGGED_BY_STEP,
+)
+
+from zarrfeed.assets.metadata import readable
+
+Checks = Mapping[str, tuple[bool, dict[str, Any]]]
+
+
+def upstream_versions(
+    instance: dg.DagsterInstance, upstream: dg.AssetKey, partitions: Sequence[str]
+) -> dict[str, tuple[str, int]]:
+    """Partition -> (data version, storage id) of the latest materialisation of each of
+    ``partitions`` of ``upstream``: two queries, whatever the number of partitions."""
+    ids = instance.event_log_storage.get_latest_storage_id_by_partition(
+        upstream, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partitions)
+    )
+    if not ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=upstream, storage_ids=list(ids.values())), limit=len(ids)
+    ).records
+    out = {}
+    for record in records:
+        version = extract_data_version_from_entry(record.event_log_entry)
+        if record.partition_key is not None and version is not None:
+            out[record.partition_key] = (version.value, record.storage_id)
+    return out
+
+
+def log_partitions(
+    context: dg.AssetExecutionContext,
+    asset: dg.AssetKey,
+    built: Mapping[str, tuple[Mapping[str, Any], str, Checks]],
+) -> None:
+    """Record each partition of ``built`` (partition -> metadata, data version, check
+    results) as a materialisation of ``asset`` at its data version, with its code version
+    and the latest data version of each upstream partition it read (the tags Dagster writes
+    for a one-partition run), then its check results (those selected in this run)."""
+    assets_def = context.assets_def
+    code_version = assets_def.code_versions_by_key.get(asset)
+    keys = list(built)
+    upstream = {
+        up: upstream_versions(context.instance, up, keys)
+        for up in sorted(assets_def.asset_deps.get(asset, ()))
+    }
+    checks = [k for k in context.selected_asset_check_keys if k.asset_key == asset]
+    for partition, (metadata, data_version, results) in built.items():
+        tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
+        if code_version is not None:
+            tags[CODE_VERSION_TAG] = code_version
+        for up, versions in upstream.items():
+            version, storage_id = versions.get(partition, ("INITIAL", None))
+            tags[get_input_data_version_tag(up)] = version
+            tags[get_input_event_pointer_tag(up)] = str(storage_id or NULL_EVENT_POINTER)
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=asset, partition=partition, metadata=metadata, tags=tags
+            )
+        )
+        for check in checks:
+            passed, facts = results[check.name]
+            context.log_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=asset,
+                    check_name=check.name,
+                    passed=passed,
+                    metadata=readable(facts),
+                    blocking=True,
+                    partition=partition,
+                )
+            )
+
+
+def logged(
+    context: dg.AssetExecutionContext, asset: dg.AssetKey, checks: Mapping[str, Checks]
+) -> dg.MaterializeResult:
+    """The step's result for ``asset`` when :func:`log_partitions` recorded its partitions
+    (``checks``: partition -> its check results).
+
+    Each selected check also gets a step-wide result — Dagster starts the next steps only
+    once every output of this one exists — that names the partitions that failed it.  It
+    never stops the next steps for every partition (a failure is a warning): a partition
+    that failed a check is refused by the stages that read it, on its own.
+    """
+    results = []
+    for check in context.selected_asset_check_keys:
+        if check.asset_key != asset:
+            continue
+        failed = sorted(p for p, c in checks.items() if not c[check.name][0])
+        results.append(
+            dg.AssetCheckResult(
+                asset_key=asset,
+                check_name=check.name,
+                passed=not failed,
+                severity=dg.AssetCheckSeverity.WARN if failed else dg.AssetCheckSeverity.ERROR,
+                metadata={"partitions": len(checks), "failed_partitions": failed},
+            )
+        )
+    return dg.MaterializeResult(
+        asset_key=asset, metadata={LOGGED_BY_STEP: True}, check_results=results
+    )
