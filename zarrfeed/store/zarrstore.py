@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import logging
 import re
 import time
 import uuid
@@ -41,6 +42,8 @@ import zarrfeed
 from zarrfeed.errors import StoreError, ZarrfeedError
 from zarrfeed.store import jsonio
 from zarrfeed.store.backends import TEMPORARY, Backend, LocalBackend, open_backend
+from zarrfeed.store.bulk import gc_paused
+from zarrfeed.store.changes import DELETED, MARGIN_S, ChangeLog, ChangeLogError, Intent, now_ns
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
 from zarrfeed.store.contract import failed_checks
@@ -48,6 +51,8 @@ from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
 
 LAYOUT = 2
+INDEX_LAYOUT = 2  # of .zarrfeed/indexes/<asset>.json: {layout, position, partitions}
+_log = logging.getLogger(__name__)
 # A version no record names is a writer's work in progress until it is this old.
 VERSION_GRACE_S = 3600.0
 _VERSION = re.compile(r"v(\d{8}T\d{6})(\d{3})Z-[0-9a-f]{8}")
@@ -144,6 +149,7 @@ class ZarrStore:
         self.identity = self.backend.identity
         self.local = isinstance(self.backend, LocalBackend)
         self._groups: set[str] = set()
+        self._changes: dict[str, ChangeLog] = {}
 
     def __repr__(self) -> str:
         return f"ZarrStore({self.url!r})"
@@ -246,6 +252,7 @@ class ZarrStore:
             self._ensure_groups(asset, key)
             self.backend.persist(folder)  # the data is durable before the record names it
             previous = self._committed_version(asset, key)
+            self.changes(asset).note(key, version)  # readers look at this key again
         except BaseException:
             self._discard(folder)
             raise
@@ -313,6 +320,7 @@ class ZarrStore:
 
     def delete_partition(self, asset: str, key: str) -> None:
         """Un-commit a partition (its record goes first), then remove its versions."""
+        self.changes(asset).note(key, DELETED)
         self.backend.remove(self._record_path(asset, key))
         self._sweep(asset, key, keep=None, older_than_s=0)
 
@@ -384,27 +392,85 @@ class ZarrStore:
         found = self.backend.read_many(paths)
         return {k: None if b is None else jsonio.loads(b) for k, b in zip(keys, found, strict=True)}
 
+    def changes(self, asset: str) -> ChangeLog:
+        """The change log of ``asset``: one intent per commit, written before its record."""
+        check_asset(asset)
+        if asset not in self._changes:
+            self._changes[asset] = ChangeLog(self.backend, asset)
+        return self._changes[asset]
+
+    @gc_paused()  # 50,000 summaries, none of them garbage
     def record_summaries(self, asset: str) -> dict[str, dict[str, Any]]:
         """Committed key → the summary of its commit record that manifests and the nightly
         evaluation use (:func:`summarise`), for every committed partition of ``asset``.
 
-        Incremental: one listing of the records with their change stamps (size and mtime,
-        or ETag), then only the records new or changed since the last call are read; the
-        summaries are kept in ``.zarrfeed/indexes/<asset>.json`` for the next caller.  The
-        cache is checked against the listing every time, so a stale or lost one costs reads,
-        never a wrong answer.
+        Proportional to what changed: the summaries are kept in
+        ``.zarrfeed/indexes/<asset>.json`` with the time they were looked at, and the next
+        caller reads only the records the asset's change log names since then
+        (:mod:`zarrfeed.store.changes`).  Without a usable log (none, unreadable, or
+        compacted past that time) it scans in full — one listing of the records with their
+        change stamps, then only the records new or changed since the index read — and logs
+        why when the log should have served.  Either way the records are the truth, so a
+        stale or lost index or log costs reads, never a wrong answer.
         """
+        path = self._meta("indexes", f"{check_asset(asset)}.json")
+        try:
+            index: dict[str, Any] = jsonio.loads(self.backend.read(path))
+        except (FileNotFoundError, ValueError):
+            index = {}
+        if index.get("layout") != INDEX_LAYOUT:
+            index = {}
+        cached: dict[str, Any] = index.get("partitions", {})
+        position: int | None = index.get("position")
+        log, looked = self.changes(asset), now_ns()
+        try:
+            start = log.start()
+            if start is None:
+                if index:
+                    _log.warning("%s has no change log for %s: reading every record's stamp",
+                                 self.url, asset)  # fmt: skip
+                log.begin(looked)  # complete from now on: writers note every commit
+                start = looked
+            if position is not None and position >= start:
+                intents = log.since(position)
+                out, fresh = self._apply(asset, cached, intents)
+            else:
+                out, fresh = self._scan(asset, cached)
+                intents = log.since(max(start, looked - int(VERSION_GRACE_S * 1e9)))
+            after = _next_position(looked, intents, out)
+        except ChangeLogError as exc:
+            _log.warning("%s: the change log of %s is unusable (%s): reading every record's "
+                         "stamp", self.url, asset, exc)  # fmt: skip
+            (out, fresh), after = self._scan(asset, cached), None
+        if fresh or len(out) != len(cached) or after != position:
+            state = {"layout": INDEX_LAYOUT, "position": after, "partitions": out}
+            with suppress(ZarrfeedError, OSError):  # a cache: the next caller re-reads
+                self.backend.write_atomic(path, jsonio.dumps(state, default=_json_default))
+        return out
+
+    def _apply(
+        self, asset: str, cached: dict[str, Any], intents: list[Intent]
+    ) -> tuple[dict[str, Any], int]:
+        """``cached`` with the records of the keys ``intents`` name read again."""
+        keys = sorted({i.key for i in intents})
+        fresh = self.commit_records(asset, keys)
+        out = dict(cached)
+        for key, record in fresh.items():
+            if record is None:
+                out.pop(key, None)
+            else:
+                out[key] = {**summarise(record), "stamp": None}
+        return dict(sorted(out.items())), len(fresh)
+
+    def _scan(self, asset: str, cached: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Summaries from one listing of the records with their change stamps, reading
+        only those not in ``cached`` with the same stamp."""
         folder = self._meta("commits", check_asset(asset))
         listed = {
             name[: -len(".json")]: list(stamp)
             for name, stamp in self.backend.list_stamps(folder).items()
             if name.endswith(".json")
         }
-        path = self._meta("indexes", f"{asset}.json")
-        try:
-            cached: dict[str, Any] = jsonio.loads(self.backend.read(path))
-        except (FileNotFoundError, ValueError):
-            cached = {}
         stale = [k for k, stamp in listed.items() if cached.get(k, {}).get("stamp") != stamp]
         fresh = self.commit_records(asset, stale)
         out = {}
@@ -413,10 +479,7 @@ class ZarrStore:
                 out[key] = cached[key]
             elif fresh[key] is not None:  # else un-committed between the listing and the read
                 out[key] = {**summarise(fresh[key]), "stamp": stamp}
-        if stale or len(out) != len(cached):
-            with suppress(ZarrfeedError, OSError):  # a cache: the next caller re-reads
-                self.backend.write_atomic(path, jsonio.dumps(out, default=_json_default))
-        return out
+        return out, len(stale)
 
     def open_partition(self, asset: str, key: str, version: str | None = None) -> zarr.Group:
         """The read-only Zarr group of the committed version of a partition, or of
@@ -474,6 +537,7 @@ class ZarrStore:
             raise StoreError(f"no committed partitions {missing[:5]} of {asset!r} in {self.url}")
         return _manifest(asset, self.url, [found[k] for k in keys], extra)
 
+    @gc_paused()  # 200,000 summaries and manifest entries, none of them garbage
     def write_dataset(
         self,
         name: str,
@@ -609,6 +673,20 @@ class ZarrStore:
 
 PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")
 SUMMARY_ATTRS = (*PROVENANCE, "source_stamp")
+
+
+def _next_position(looked: int, intents: list[Intent], found: dict[str, Any]) -> int:
+    """Where the next look at the change log starts: ``MARGIN_S`` before this one, and no
+    later than an intent younger than the version grace whose record does not name it yet
+    (a commit still landing)."""
+    grace = int(VERSION_GRACE_S * 1e9)
+    after = looked - int(MARGIN_S * 1e9)
+    for i in intents:
+        version = (found.get(i.key) or {}).get("version")
+        landed = version == i.version or (i.version == DELETED and version is None)
+        if not landed and looked - i.ns < grace:
+            after = min(after, i.ns)
+    return after
 
 
 def summarise(record: dict[str, Any]) -> dict[str, Any]:
