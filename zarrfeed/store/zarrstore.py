@@ -399,7 +399,6 @@ class ZarrStore:
             self._changes[asset] = ChangeLog(self.backend, asset)
         return self._changes[asset]
 
-    @gc_paused()  # 50,000 summaries, none of them garbage
     def record_summaries(self, asset: str) -> dict[str, dict[str, Any]]:
         """Committed key → the summary of its commit record that manifests and the nightly
         evaluation use (:func:`summarise`), for every committed partition of ``asset``.
@@ -413,6 +412,11 @@ class ZarrStore:
         why when the log should have served.  Either way the records are the truth, so a
         stale or lost index or log costs reads, never a wrong answer.
         """
+        return self._summaries(asset)[0]
+
+    @gc_paused()  # 50,000 summaries, none of them garbage
+    def _summaries(self, asset: str) -> tuple[dict[str, dict[str, Any]], int | None]:
+        """:meth:`record_summaries`, and where the change log is to be read from next."""
         path = self._meta("indexes", f"{check_asset(asset)}.json")
         try:
             index: dict[str, Any] = jsonio.loads(self.backend.read(path))
@@ -422,31 +426,51 @@ class ZarrStore:
             index = {}
         cached: dict[str, Any] = index.get("partitions", {})
         position: int | None = index.get("position")
-        log, looked = self.changes(asset), now_ns()
-        try:
-            start = log.start()
-            if start is None:
-                if index:
-                    _log.warning("%s has no change log for %s: reading every record's stamp",
-                                 self.url, asset)  # fmt: skip
-                log.begin(looked)  # complete from now on: writers note every commit
-                start = looked
-            if position is not None and position >= start:
-                intents = log.since(position)
-                out, fresh = self._apply(asset, cached, intents)
-            else:
-                out, fresh = self._scan(asset, cached)
-                intents = log.since(max(start, looked - int(VERSION_GRACE_S * 1e9)))
-            after = _next_position(looked, intents, out)
-        except ChangeLogError as exc:
-            _log.warning("%s: the change log of %s is unusable (%s): reading every record's "
-                         "stamp", self.url, asset, exc)  # fmt: skip
-            (out, fresh), after = self._scan(asset, cached), None
+        looked = now_ns()
+        intents = self._covered(asset, position, looked, known=bool(index))
+        if intents is not None:
+            out, fresh = self._apply(asset, cached, intents)
+        else:
+            out, fresh = self._scan(asset, cached)
+            intents = self._recent(asset, looked)
+        after = None if intents is None else _next_position(looked, intents, out)
         if fresh or len(out) != len(cached) or after != position:
             state = {"layout": INDEX_LAYOUT, "position": after, "partitions": out}
             with suppress(ZarrfeedError, OSError):  # a cache: the next caller re-reads
                 self.backend.write_atomic(path, jsonio.dumps(state, default=_json_default))
-        return out
+        return out, after
+
+    def _covered(
+        self, asset: str, position: int | None, looked: int, known: bool
+    ) -> list[Intent] | None:
+        """The intents of ``asset`` from ``position`` on; None when the log does not cover
+        them all (logged when ``known``: a reader had looked at it before)."""
+        log = self.changes(asset)
+        try:
+            start = log.start()
+            if start is None:
+                if known:
+                    _log.warning("%s has no change log for %s: reading every record's stamp",
+                                 self.url, asset)  # fmt: skip
+                log.begin(looked)  # complete from now on: writers note every commit
+                return None
+            if position is None or position < start:
+                return None
+            return log.since(position)
+        except ChangeLogError as exc:
+            _log.warning("%s: the change log of %s is unusable (%s): reading every record's "
+                         "stamp", self.url, asset, exc)  # fmt: skip
+            return None
+
+    def _recent(self, asset: str, looked: int) -> list[Intent] | None:
+        """The intents of ``asset`` younger than the version grace (commits perhaps still
+        landing); None when the log is unusable."""
+        log = self.changes(asset)
+        try:
+            start = log.start()
+            return log.since(max(start or looked, looked - int(VERSION_GRACE_S * 1e9)))
+        except ChangeLogError:
+            return None
 
     def _apply(
         self, asset: str, cached: dict[str, Any], intents: list[Intent]
@@ -557,33 +581,79 @@ class ZarrStore:
         provenance: training parses this manifest at start, 50,000 partitions of four assets
         at a time; provenance is in the commit records and the asset manifests.
         """
-        records = {a: self.record_summaries(a) for a in assets}
-        committed = {a: set(found) for a, found in records.items()}
+        held = {k: list(v) for k, v in (withheld or {}).items()}
+        fixed = self._updated_dataset(name, assets, held) or self._full_dataset(assets, held)
+        manifest = {"dataset": name, "store": self.url, **fixed, "withheld": held, **extra}
+        self._write_manifest(name, manifest)
+        return manifest
+
+    def _full_dataset(self, assets: list[str], withheld: dict[str, list[str]]) -> dict[str, Any]:
+        """:meth:`write_dataset`'s keys, left-out keys, assets and log positions, from every
+        asset's record summaries."""
+        found = {a: self._summaries(a) for a in assets}
+        records = {a: out for a, (out, _) in found.items()}
+        committed = {a: set(out) for a, out in records.items()}
         candidates = sorted(set.intersection(*committed.values())) if committed else []
         failed: dict[str, list[str]] = {}
-        for a, found in records.items():
+        for a, out in records.items():
             for k in candidates:
-                bad = failed_checks(found[k])
+                bad = failed_checks(out[k])
                 if bad:
                     failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
-        for k, reasons in (withheld or {}).items():
+        for k, reasons in withheld.items():
             if k in candidates:
                 failed.setdefault(k, []).extend(reasons)
         keys = [k for k in candidates if k not in failed]
-        manifest = {
-            "dataset": name,
-            "store": self.url,
-            "keys": keys,
-            "incomplete": sorted(set().union(*committed.values()) - set(candidates)),
-            "failed": {k: failed[k] for k in sorted(failed)},
-            "assets": {
-                a: _manifest(a, self.url, [records[a][k] for k in keys], {}, provenance=False)
-                for a in assets
-            },
-            **extra,
+        positions = {a: after for a, (_, after) in found.items()}
+        incomplete = set().union(*committed.values()) - set(candidates)
+        return _dataset(self.url, assets, records, keys, incomplete, failed, positions)
+
+    def _updated_dataset(
+        self, name: str, assets: list[str], withheld: dict[str, list[str]]
+    ) -> dict[str, Any] | None:
+        """:meth:`_full_dataset` from the previous manifest of ``name`` and the records its
+        assets' change logs name since it was written (a key withheld or released counts as
+        changed); None when there is no such manifest or a log does not cover the time since."""
+        looked = now_ns()
+        try:
+            previous = self.read_manifest(name)
+        except StoreError:
+            return None
+        positions = previous.get("positions") or {}
+        if previous.get("store") != self.url or list(previous.get("assets", {})) != assets:
+            return None
+        logs = {a: self._covered(a, positions.get(a), looked, bool(positions)) for a in assets}
+        if any(intents is None for intents in logs.values()):
+            return None
+        changed = {i.key for intents in logs.values() for i in intents}
+        before = previous.get("withheld") or {}
+        changed |= {k for k in before.keys() | withheld.keys() if before.get(k) != withheld.get(k)}
+        fresh = {
+            a: {k: summarise(r) for k, r in self.commit_records(a, sorted(changed)).items() if r}
+            for a in assets
         }
-        self._write_manifest(name, manifest)
-        return manifest
+        records = {
+            a: {p["key"]: p for p in previous["assets"][a]["partitions"] if p["key"] not in changed}
+            for a in assets
+        }
+        keys = {k for k in previous["keys"] if k not in changed}
+        incomplete = {k for k in previous["incomplete"] if k not in changed}
+        failed = {k: v for k, v in previous["failed"].items() if k not in changed}
+        for k in changed:
+            present = [a for a in assets if k in fresh[a]]
+            if len(present) < len(assets):
+                if present:
+                    incomplete.add(k)
+                continue
+            bad = [f"{a}:{n}" for a in assets for n in failed_checks(fresh[a][k])]
+            if bad or k in withheld:
+                failed[k] = bad + withheld.get(k, [])
+                continue
+            keys.add(k)
+            for a in assets:
+                records[a][k] = fresh[a][k]
+        after = {a: _next_position(looked, logs[a], fresh[a]) for a in assets}
+        return _dataset(self.url, assets, records, sorted(keys), incomplete, failed, after)
 
     def consolidate(
         self,
@@ -703,6 +773,29 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
         "stored_bytes": record["stored_bytes"],
         "attrs": {k: record["attrs"][k] for k in SUMMARY_ATTRS if k in record["attrs"]},
         "checks": record.get("checks") or {},
+    }
+
+
+def _dataset(
+    url: str,
+    assets: list[str],
+    records: Mapping[str, Mapping[str, dict[str, Any]]],
+    keys: list[str],
+    incomplete: set[str],
+    failed: dict[str, list[str]],
+    positions: dict[str, int | None],
+) -> dict[str, Any]:
+    """A dataset manifest's own fields over ``keys``, whose summaries (or manifest entries)
+    ``records`` holds per asset."""
+    return {
+        "keys": keys,
+        "incomplete": sorted(incomplete),
+        "failed": {k: failed[k] for k in sorted(failed)},
+        "assets": {
+            a: _manifest(a, url, [records[a][k] for k in keys], {}, provenance=False)
+            for a in assets
+        },
+        "positions": positions,
     }
 
 
