@@ -16,9 +16,10 @@ What makes that safe:
 - ``start.json`` says from when the log is complete; a position before it (the log was
   compacted, lost, or began after the reader's last look) means a full scan.
 - An intent is visible within ``MARGIN_S / 2`` of the time in its name, or its writer writes it
-  again before committing (:meth:`ChangeLog.note`); a reader's next position is
-  ``MARGIN_S`` before its listing and never after an intent still *pending* (its record does
-  not name its version yet), so a slow commit is read once it lands.
+  again before committing (:meth:`ChangeLog.note`), and a record written later than that
+  after its intent is noted again after it; a reader's next position is ``MARGIN_S`` before
+  its listing and never after a key's latest intent still *pending* (its record does not
+  name its version yet), so a slow commit is read once it lands.
 - Clocks of the machines writing one store agree within ``MARGIN_S / 2``.
 """
 
@@ -66,9 +67,10 @@ class ChangeLog:
         self.folder = backend.join(META, "changes", asset)
         self._started = False
 
-    def note(self, key: str, version: str) -> None:
+    def note(self, key: str, version: str) -> int:
         """Record that ``key`` is about to be committed at ``version`` (:data:`DELETED`:
-        un-committed); call before the commit record is written."""
+        un-committed), before the commit record is written; returns the intent's time.  A
+        record written later than ``MARGIN_S / 2`` after that is noted again after it."""
         if not self._started:
             if not self.backend.exists(f"{self.folder}/{_START}"):
                 self.begin(now_ns())
@@ -77,7 +79,7 @@ class ChangeLog:
             ns = now_ns()
             self.backend.write_atomic(f"{self.folder}/{_hour(ns)}/{ns:020d}.{version}.{key}", b"")
             if now_ns() - ns < MARGIN_S / 2 * 1e9:
-                return  # visible soon enough after its name's time; else name it again
+                return ns  # visible soon enough after its name's time; else name it again
 
     def begin(self, since_ns: int) -> None:
         """Declare the log complete from ``since_ns`` on."""

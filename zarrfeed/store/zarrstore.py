@@ -252,7 +252,7 @@ class ZarrStore:
             self._ensure_groups(asset, key)
             self.backend.persist(folder)  # the data is durable before the record names it
             previous = self._committed_version(asset, key)
-            self.changes(asset).note(key, version)  # readers look at this key again
+            noted = self.changes(asset).note(key, version)  # readers look at this key again
         except BaseException:
             self._discard(folder)
             raise
@@ -261,6 +261,8 @@ class ZarrStore:
         except BaseException:
             if not self._settle(asset, key, version):
                 raise
+        if now_ns() - noted > MARGIN_S / 2 * 1e9:  # landed late: readers may have moved on
+            self.changes(asset).note(key, version)
         # Committed.  Leftovers of a failed clean-up are collected later, never an error.
         with suppress(ZarrfeedError, OSError):
             if previous and previous != version:
@@ -747,11 +749,12 @@ SUMMARY_ATTRS = (*PROVENANCE, "source_stamp")
 
 def _next_position(looked: int, intents: list[Intent], found: dict[str, Any]) -> int:
     """Where the next look at the change log starts: ``MARGIN_S`` before this one, and no
-    later than an intent younger than the version grace whose record does not name it yet
-    (a commit still landing)."""
+    later than a key's latest intent younger than the version grace whose record does not
+    name it yet (a commit still landing)."""
     grace = int(VERSION_GRACE_S * 1e9)
     after = looked - int(MARGIN_S * 1e9)
-    for i in intents:
+    latest = {i.key: i for i in intents}  # an earlier commit landing late notes again
+    for i in latest.values():
         version = (found.get(i.key) or {}).get("version")
         landed = version == i.version or (i.version == DELETED and version is None)
         if not landed and looked - i.ns < grace:
