@@ -51,6 +51,8 @@ from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
 
 LAYOUT = 2
+# Change-log hours kept: a reader whose last look is older scans in full.
+CHANGES_KEPT_S = 7 * 86400.0
 INDEX_LAYOUT = 2  # of .zarrfeed/indexes/<asset>.json: {layout, position, partitions}
 _log = logging.getLogger(__name__)
 # A version no record names is a writer's work in progress until it is this old.
@@ -328,12 +330,26 @@ class ZarrStore:
 
     def collect_garbage(self, older_than_s: float = VERSION_GRACE_S) -> int:
         """Remove every version that no commit record names and that is older than
-        ``older_than_s`` (crashed or interrupted writers); returns how many."""
+        ``older_than_s`` (crashed or interrupted writers), and the hours of the change logs
+        older than :data:`CHANGES_KEPT_S`; returns how many."""
         removed = 0
         for asset, key in self._partition_folders():
             keep = self._committed_version(asset, key)
             removed += self._sweep(asset, key, keep=keep, older_than_s=older_than_s)
+        cutoff = now_ns() - int(CHANGES_KEPT_S * 1e9)
+        for asset in self._logged_assets():
+            removed += self.changes(asset).compact(cutoff)
         return removed + self._collect_temporaries(self._meta(), older_than_s)
+
+    def _logged_assets(self, prefix: str = "") -> Iterator[str]:
+        """Every asset with a change log."""
+        folder = self._meta("changes", prefix) if prefix else self._meta("changes")
+        names = self.backend.list_dir(folder)
+        if prefix and any(n == "start.json" or n.isdigit() for n in names):
+            yield prefix
+            return
+        for name in names:
+            yield from self._logged_assets(f"{prefix}/{name}" if prefix else name)
 
     def _collect_temporaries(self, folder: str, older_than_s: float) -> int:
         """Record files a local writer died while publishing (``<name>.<unix>-<id>.tmp``)."""
