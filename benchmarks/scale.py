@@ -176,6 +176,7 @@ def synthetic_commits(store: ZarrStore, instance, settings: dict, keys: list[str
             records[spec.path][f"{key}.json"] = json.dumps(record).encode()
     for path, objects in records.items():
         store.backend.put_many(store.backend.join(".zarrfeed", "commits", path), objects)
+        store.changes(path).begin(0)  # the log of a store whose records all predate it
     offsets = np.arange(0, 8 * len(keys) + 1, 8, dtype=np.int64)
     origins = rng.integers(0, 200, (8 * len(keys), 3)).astype(np.uint16)
     with store.write_partition("datasets/ct", "patches", {"keys": "synthetic"}) as w:
@@ -190,8 +191,9 @@ def rebuild(store: ZarrStore, keys: list[str], every: int, seed: int) -> int:
     for spec in CT.assets:
         folder = store.backend.join(".zarrfeed", "commits", spec.path)
         records = store.commit_records(spec.path, changed)
-        for record in records.values():
+        for key, record in records.items():
             record["version"] = VERSION.replace("00000000", f"{seed:08d}")
+            store.changes(spec.path).note(key, record["version"])  # as a commit does first
         store.backend.put_many(folder, {f"{k}.json": json.dumps(r).encode()
                                         for k, r in records.items()})  # fmt: skip
     return len(changed)
@@ -269,7 +271,8 @@ def scale(work: Path, n: int, more: int, runs: int) -> None:
     resources = resources_for(str(work / "store.zarr"), work / "raw", CTSettings())
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
         discovery(work, n, more, resources, instance)
-        overhead(work, resources, instance, runs)
+        if runs:
+            overhead(work, resources, instance, runs)
         store = resources["zarr_store"].store()
         keys = sorted(instance.get_dynamic_partitions("ct_scans"))
         synthetic_commits(store, instance, CT.values(resources["ct_settings"]), keys)
@@ -335,12 +338,20 @@ def s3_vs_local(work: Path, quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="300 partitions (smoke run)")
+    parser.add_argument(
+        "--only",
+        choices=["scale", "manifests", "s3"],
+        help="one part: the scale figures, the manifest/nightly/dataset ones (after the "
+        "discovery they need), or the S3 ones",
+    )
     args = parser.parse_args()
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp())
     n, more, runs = (300, 30, 2) if args.quick else (50_000, 1000, 9)
     with tempfile.TemporaryDirectory() as tmp:
-        scale(Path(tmp), n, more, runs)
-        s3_vs_local(Path(tmp), args.quick)
+        if args.only in (None, "scale", "manifests"):
+            scale(Path(tmp), n, more, 0 if args.only == "manifests" else runs)
+        if args.only in (None, "s3"):
+            s3_vs_local(Path(tmp), args.quick)
 
 
 if __name__ == "__main__":
