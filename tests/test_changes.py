@@ -33,7 +33,7 @@ def full(store, name, assets, withheld=None):
     """The dataset manifest a store without indexes or manifests gets (no position)."""
     fresh = ZarrStore(store.url)
     fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "indexes"))
-    fresh.backend.remove(fresh.backend.join(".zarrfeed", "manifests", f"{name}.json"))
+    fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "manifests"))
     return without_positions(fresh.write_dataset(name, assets, withheld))
 
 

@@ -49,6 +49,7 @@ from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
 from zarrfeed.store.contract import failed_checks
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
+from zarrfeed.store.rows import Rows
 
 LAYOUT = 2
 # Change-log hours kept: a reader whose last look is older scans in full.
@@ -600,78 +601,78 @@ class ZarrStore:
         at a time; provenance is in the commit records and the asset manifests.
         """
         held = {k: list(v) for k, v in (withheld or {}).items()}
-        fixed = self._updated_dataset(name, assets, held) or self._full_dataset(assets, held)
-        manifest = {"dataset": name, "store": self.url, **fixed, "withheld": held, **extra}
-        self._write_manifest(name, manifest)
+        rows = self._updated_rows(name, assets, held) or self._full_rows(assets, held)
+        data, manifest = rows.manifest(name, self.url, extra, _json_default)
+        self.backend.write_atomic(self._meta("manifests", f"{check_asset(name)}.json"), data)
+        with suppress(ZarrfeedError, OSError):  # older rows only mean more records to read
+            self.backend.write_atomic(self._rows_path(name), rows.dumps(self.url))
         return manifest
 
-    def _full_dataset(self, assets: list[str], withheld: dict[str, list[str]]) -> dict[str, Any]:
-        """:meth:`write_dataset`'s keys, left-out keys, assets and log positions, from every
-        asset's record summaries."""
+    def _rows_path(self, name: str) -> str:
+        return self._meta("manifests", f"{check_asset(name)}.rows")
+
+    def _full_rows(self, assets: list[str], withheld: dict[str, list[str]]) -> Rows:
+        """:meth:`write_dataset`'s rows from every asset's record summaries."""
         found = {a: self._summaries(a) for a in assets}
         records = {a: out for a, (out, _) in found.items()}
         committed = {a: set(out) for a, out in records.items()}
         candidates = sorted(set.intersection(*committed.values())) if committed else []
-        failed: dict[str, list[str]] = {}
+        rows = Rows(assets)
         for a, out in records.items():
             for k in candidates:
                 bad = failed_checks(out[k])
                 if bad:
-                    failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
+                    rows.failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
         for k, reasons in withheld.items():
             if k in candidates:
-                failed.setdefault(k, []).extend(reasons)
-        keys = [k for k in candidates if k not in failed]
-        positions = {a: after for a, (_, after) in found.items()}
-        incomplete = set().union(*committed.values()) - set(candidates)
-        return _dataset(self.url, assets, records, keys, incomplete, failed, positions)
+                rows.failed.setdefault(k, []).extend(reasons)
+        for k in candidates:
+            if k not in rows.failed:
+                rows.add(k, [_entry(records[a][k], provenance=False) for a in assets])
+        rows.incomplete = set().union(*committed.values()) - set(candidates)
+        rows.positions = {a: after for a, (_, after) in found.items()}
+        rows.withheld = withheld
+        return rows
 
-    def _updated_dataset(
+    def _updated_rows(
         self, name: str, assets: list[str], withheld: dict[str, list[str]]
-    ) -> dict[str, Any] | None:
-        """:meth:`_full_dataset` from the previous manifest of ``name`` and the records its
-        assets' change logs name since it was written (a key withheld or released counts as
-        changed); None when there is no such manifest or a log does not cover the time since."""
+    ) -> Rows | None:
+        """The previous rows of dataset ``name`` with the keys its assets' change logs name
+        since then read again (a key withheld or released counts as changed); None when
+        there are no such rows or a log does not cover the time since."""
         looked = now_ns()
         try:
-            previous = self.read_manifest(name)
-        except StoreError:
+            rows = Rows.parse(self.backend.read(self._rows_path(name)), assets, self.url)
+        except FileNotFoundError:
             return None
-        positions = previous.get("positions") or {}
-        if previous.get("store") != self.url or list(previous.get("assets", {})) != assets:
+        if rows is None:
             return None
-        logs = {a: self._covered(a, positions.get(a), looked, bool(positions)) for a in assets}
+        known = bool(rows.positions)
+        logs = {a: self._covered(a, rows.positions.get(a), looked, known) for a in assets}
         if any(intents is None for intents in logs.values()):
             return None
         changed = {i.key for intents in logs.values() for i in intents}
-        before = previous.get("withheld") or {}
+        before = rows.withheld
         changed |= {k for k in before.keys() | withheld.keys() if before.get(k) != withheld.get(k)}
         fresh = {
             a: {k: summarise(r) for k, r in self.commit_records(a, sorted(changed)).items() if r}
             for a in assets
         }
-        records = {
-            a: {p["key"]: p for p in previous["assets"][a]["partitions"] if p["key"] not in changed}
-            for a in assets
-        }
-        keys = {k for k in previous["keys"] if k not in changed}
-        incomplete = {k for k in previous["incomplete"] if k not in changed}
-        failed = {k: v for k, v in previous["failed"].items() if k not in changed}
-        for k in changed:
+        for k in sorted(changed):
+            rows.leave_out(k)
             present = [a for a in assets if k in fresh[a]]
             if len(present) < len(assets):
                 if present:
-                    incomplete.add(k)
+                    rows.incomplete.add(k)
                 continue
             bad = [f"{a}:{n}" for a in assets for n in failed_checks(fresh[a][k])]
             if bad or k in withheld:
-                failed[k] = bad + withheld.get(k, [])
+                rows.failed[k] = bad + withheld.get(k, [])
                 continue
-            keys.add(k)
-            for a in assets:
-                records[a][k] = fresh[a][k]
-        after = {a: _next_position(looked, logs[a], fresh[a]) for a in assets}
-        return _dataset(self.url, assets, records, sorted(keys), incomplete, failed, after)
+            rows.add(k, [_entry(fresh[a][k], provenance=False) for a in assets])
+        rows.positions = {a: _next_position(looked, logs[a], fresh[a]) for a in assets}
+        rows.withheld = withheld
+        return rows
 
     def consolidate(
         self,
@@ -795,38 +796,14 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _dataset(
-    url: str,
-    assets: list[str],
-    records: Mapping[str, Mapping[str, dict[str, Any]]],
-    keys: list[str],
-    incomplete: set[str],
-    failed: dict[str, list[str]],
-    positions: dict[str, int | None],
-) -> dict[str, Any]:
-    """A dataset manifest's own fields over ``keys``, whose summaries (or manifest entries)
-    ``records`` holds per asset."""
-    return {
-        "keys": keys,
-        "incomplete": sorted(incomplete),
-        "failed": {k: failed[k] for k in sorted(failed)},
-        "assets": {
-            a: _manifest(a, url, [records[a][k] for k in keys], {}, provenance=False)
-            for a in assets
-        },
-        "positions": positions,
-    }
-
-
 def _manifest(
     asset: str,
     url: str,
     records: list[dict[str, Any]],
     extra: dict[str, Any],
-    provenance: bool = True,
 ) -> dict[str, Any]:
-    """The manifest of one asset over commit-record summaries; ``provenance`` adds each
-    partition's source, hash, code version and fingerprint."""
+    """The manifest of one asset over commit-record summaries, with each partition's source,
+    hash, code version and fingerprint."""
     arrays: dict[str, dict[str, Any]] = {}
     for r in records:
         for name, a in r["arrays"].items():
@@ -852,7 +829,7 @@ def _manifest(
             }
             for name, e in sorted(arrays.items())
         },
-        "partitions": [_entry(r, provenance) for r in records],
+        "partitions": [_entry(r, provenance=True) for r in records],
         **extra,
     }
 
