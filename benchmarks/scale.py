@@ -216,7 +216,8 @@ def manifests_nightly_dataset(store: ZarrStore, resources: dict, instance) -> No
     seconds, manifest = timed(lambda: store.write_dataset("ct", assets))
     bench("scale.manifest_50k_incremental_s", seconds, "s",
           f"the next ct dataset manifest over {len(keys)} committed partitions x 4 assets after "
-          f"{changed} were rebuilt: one listing per asset, only their records re-read; "
+          f"{changed} were rebuilt: the previous manifest's rows plus the change logs since, "
+          f"only their records re-read; "
           f"{len(manifest['keys'])} keys")  # fmt: skip
     nightly = code_location(resources).resolve_schedule_def(CT.nightly)
 

@@ -31,6 +31,7 @@ from zarr.codecs import BloscCodec, BytesCodec
 from zarrfeed.errors import StoreError
 from zarrfeed.processes import usable_cpus
 from zarrfeed.store.backends import Backend
+from zarrfeed.store.disktier import DiskTier
 
 Region = tuple[slice, ...]
 
@@ -117,11 +118,22 @@ class ChunkedArray:
     """One committed array, read chunk by chunk through the store's backend.
 
     ``guard`` is an object whose existence proves the array's version is still committed
-    (the version group's ``zarr.json``).  Built by :meth:`ZarrStore.chunked`.
+    (the version group's ``zarr.json``).  ``tier``: a local-disk tier that chunk objects
+    are read from first and kept in once fetched, under the store's ``identity``.  Built by
+    :meth:`ZarrStore.chunked`.
     """
 
-    def __init__(self, array: zarr.Array, backend: Backend, folder: str, guard: str) -> None:
+    def __init__(
+        self,
+        array: zarr.Array,
+        backend: Backend,
+        folder: str,
+        guard: str,
+        tier: DiskTier | None = None,
+        identity: str = "",
+    ) -> None:
         self.array, self.backend, self.folder, self.guard = array, backend, folder, guard
+        self.tier, self.identity = tier, identity
         self.layout = BloscLayout.of(array)
         self.shape: tuple[int, ...] = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
@@ -142,9 +154,26 @@ class ChunkedArray:
         """Encoded bytes of chunks ``coords`` (None for chunks never written)."""
         assert self.layout is not None
         paths = [f"{self.folder}/{self.layout.encode_key(c)}" for c in coords]
-        found = self.backend.read_many(paths, threads or usable_cpus())
+        if self.tier is None:
+            found = self.backend.read_many(paths, threads or usable_cpus())
+        else:
+            found = self._through_tier(paths, threads)
         if any(b is None for b in found):
             self._check_alive()
+        return found
+
+    def _through_tier(self, paths: list[str], threads: int | None) -> list:
+        """Chunks from the disk tier, the others fetched together and kept there."""
+        tier = self.tier
+        assert tier is not None
+        keys = [tier.key(self.identity, p) for p in paths]
+        found = tier.get_many(keys)
+        missing = [i for i, data in enumerate(found) if data is None]
+        if missing:
+            fetched = self.backend.read_many([paths[i] for i in missing], threads or 8)
+            for i, data in zip(missing, fetched, strict=True):
+                found[i] = data
+            tier.put_many([(keys[i], d) for i, d in zip(missing, fetched, strict=True) if d])
         return found
 
     def read_into(self, out: np.ndarray, threads: int | None = None) -> np.ndarray:

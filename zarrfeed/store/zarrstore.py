@@ -47,6 +47,7 @@ from zarrfeed.store.changes import DELETED, MARGIN_S, ChangeLog, ChangeLogError,
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
 from zarrfeed.store.contract import failed_checks
+from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
 from zarrfeed.store.rows import Rows
@@ -151,6 +152,8 @@ class ZarrStore:
         # What makes this store's bytes unique on this machine: a cache key starts with it.
         self.identity = self.backend.identity
         self.local = isinstance(self.backend, LocalBackend)
+        # Chunks fetched from an object store are kept on the local disk (None: off).
+        self.tier: DiskTier | None = None if self.local else open_tier()
         self._groups: set[str] = set()
         self._changes: dict[str, ChangeLog] = {}
 
@@ -557,7 +560,8 @@ class ZarrStore:
         version = version or self.commit_record(asset, key)["version"]
         folder = self.version_path(asset, key, version)
         array = self.open_array(asset, key, name, version)
-        return ChunkedArray(array, self.backend, f"{folder}/{name}", f"{folder}/zarr.json")
+        return ChunkedArray(array, self.backend, f"{folder}/{name}", f"{folder}/zarr.json",
+                            self.tier, self.identity)  # fmt: skip
 
     def read_array(self, asset: str, key: str, name: str, version: str | None = None) -> np.ndarray:
         """All of array ``name`` of a committed partition, decoded in threads."""
