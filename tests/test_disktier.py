@@ -142,6 +142,7 @@ def test_a_corrupt_tier_entry_is_fetched_again_from_the_bucket(weed, tier_env):
     store = s3_store(weed)
     data = commit(store, "scan_1", 0.5)
     np.testing.assert_array_equal(store.read_array(ASSET, "scan_1", "lung"), data)
+    store.tier.flush()  # written in the background
     entries = [p for p in tier_env.rglob("*") if p.is_file() and len(p.name) == 32]
     assert len(entries) == 8  # one per chunk
     for p in entries:
@@ -170,7 +171,8 @@ def test_a_second_epoch_reads_nothing_from_the_bucket(weed, tier_env, monkeypatc
     try:
         for item, key in enumerate(data):  # epoch 1: the chunks come from the bucket
             np.testing.assert_array_equal(cache.array(ASSET, item, "lung"), data[key])
-        held = store.tier.held_bytes()
+        cache.store.tier.flush()  # written in the background
+        held = cache.store.tier.held_bytes()
         got = counting_gets(cache.store, monkeypatch)
         cache.clear()  # nothing decoded in RAM: epoch 2 decodes every chunk again
         for item, key in enumerate(data):
@@ -179,3 +181,16 @@ def test_a_second_epoch_reads_nothing_from_the_bucket(weed, tier_env, monkeypatc
         assert cache.store.tier.held_bytes() == held
     finally:
         cache.close()
+
+
+def test_the_cache_command_lists_and_clears_the_tier(tier_env, capsys):
+    from zarrfeed.cli import main
+
+    tier = DiskTier(tier_env, 10**9)
+    tier.put("cd" * 16, b"c" * 2_000_000)
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "disk tier 0.002 GB of 1.000 GB in 1 chunks" in out and str(tier_env) in out
+    assert main(["cache", "clear", "disk"]) == 0
+    assert "removed 1 cache(s)" in capsys.readouterr().out
+    assert tier.get("cd" * 16) is None and tier.held_bytes() == 0

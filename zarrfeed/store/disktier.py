@@ -5,7 +5,9 @@ Keys are a digest of the store's identity and the chunk's full path, which names
 the partition, its committed version, the array and the chunk: versions are immutable and a
 rebuild writes a new one, so an entry can never be served for another version or store.
 
-Crash-safe: an entry is written to a temporary file, fsynced and renamed into place, and
+Crash-safe: an entry is written (by background threads: a reader never waits for the disk,
+and meanwhile the entry is served from memory) to a temporary file, fsynced and renamed into
+place, and
 carries a header (magic, CRC-32 and length of the payload) checked on every read; a torn or
 corrupt file is removed and read as a miss, never served.  Bounded: the bytes held are
 counted in a small file under a lock shared by every process on the machine; a write that
@@ -25,6 +27,7 @@ import logging
 import os
 import shutil
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct("<4sIQ")  # magic, CRC-32 of the payload, payload length
 MAGIC = b"ZFT1"
 LOW_WATER = 0.9  # an eviction frees down to this share of the budget
+WRITERS = 4  # threads writing entries in the background, per process
+PENDING_BYTES = 256 << 20  # entries on their way to the disk, per process, at most
 DEFAULT_GB = 20.0
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 _TMP = ".tmp"
@@ -66,6 +71,10 @@ class DiskTier:
         self.budget_bytes = int(budget_bytes)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.hits = self.misses = self.discarded = 0  # this process's
+        # Entries handed to the writers and not yet renamed into place: served from here.
+        self._pending: dict[str, bytes] = {}
+        self._room = threading.Condition()
+        self._writers: tuple[int, ThreadPoolExecutor] | None = None
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "budget_bytes": self.budget_bytes}
@@ -89,6 +98,10 @@ class DiskTier:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
+            found = self._pending.get(key)
+            if found is not None:
+                self.hits += 1
+                return found
             self.misses += 1
             return None
         payload = _verified(data)
@@ -131,14 +144,42 @@ class DiskTier:
             raise
         self._count(HEADER.size + len(payload))
 
-    def put_many(self, items: Sequence[tuple[str, bytes]], threads: int = 8) -> None:
-        """Publish entries side by side (each write waits for its own fsync)."""
-        if len(items) <= 1 or threads <= 1:
-            for key, payload in items:
-                self.put(key, payload)
-            return
-        with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="zarrfeed-tier") as p:
-            list(p.map(lambda item: self.put(*item), items))
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Publish entries in the background (a reader does not wait for the disk's fsyncs);
+        waits only while :data:`PENDING_BYTES` are already on their way.  Until an entry is
+        in place, :meth:`get` serves it from memory."""
+        pid_pool = self._writers
+        if pid_pool is None or pid_pool[0] != os.getpid():  # none yet, or a forked copy's
+            self._pending, self._room = {}, threading.Condition()
+            pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="zarrfeed-tier")
+            self._writers = pid_pool = (os.getpid(), pool)
+        for key, payload in items:
+            with self._room:
+                while self._pending and self._pending_bytes() + len(payload) > PENDING_BYTES:
+                    self._room.wait()
+                if key in self._pending:
+                    continue
+                self._pending[key] = payload
+            pid_pool[1].submit(self._write_pending, key, payload)
+
+    def _pending_bytes(self) -> int:
+        return sum(len(p) for p in self._pending.values())
+
+    def _write_pending(self, key: str, payload: bytes) -> None:
+        try:
+            self.put(key, payload)
+        except OSError as exc:  # a cache: the chunk is fetched again next time
+            log.warning("disk tier: could not keep a chunk in %s (%s)", self.folder, exc)
+        finally:
+            with self._room:
+                self._pending.pop(key, None)
+                self._room.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every entry handed to the writers is in place."""
+        with self._room:
+            while self._pending:
+                self._room.wait()
 
     # the budget ------------------------------------------------------------------------------
     @contextlib.contextmanager
