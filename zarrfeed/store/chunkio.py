@@ -16,6 +16,7 @@ removal deletes first, so a reader racing a rebuild fails loudly instead of retu
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -273,18 +274,29 @@ def _fan_out(
     threads: int | None,
     batch: int = 64,
 ) -> None:
-    """Fetch chunks in batches and decode them in ``threads`` threads (Blosc releases the GIL);
-    a batch bounds the encoded bytes held at once."""
+    """Fetch chunks in batches and decode them in ``threads`` threads (Blosc releases the GIL),
+    the next batch fetched while this one decodes (an object store's round trips overlap the
+    decoding); two batches bound the encoded bytes held at once."""
     workers = max(1, min(threads or usable_cpus(), 8))
-    for start in range(0, len(coords), batch):
-        part = coords[start : start + batch]
-        found = fetch(part, workers)
-        if workers == 1 or len(part) == 1:
-            for c, data in zip(part, found, strict=True):
-                decode(c, data)
-            continue
-        with ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks") as pool:
-            list(pool.map(decode, part, found))
+    parts = [coords[i : i + batch] for i in range(0, len(coords), batch)]
+    if not parts:
+        return
+    with contextlib.ExitStack() as stack:
+        ahead = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="zarrfeed-fetch"))
+        pool = None
+        if workers > 1:
+            pool = stack.enter_context(
+                ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks")
+            )
+        coming = ahead.submit(fetch, parts[0], workers) if len(parts) > 1 else None
+        for i, part in enumerate(parts):
+            found = coming.result() if coming is not None else fetch(part, workers)
+            coming = ahead.submit(fetch, parts[i + 1], workers) if i + 1 < len(parts) else None
+            if pool is None or len(part) == 1:
+                for c, data in zip(part, found, strict=True):
+                    decode(c, data)
+            else:
+                list(pool.map(decode, part, found))
 
 
 def write_from(
