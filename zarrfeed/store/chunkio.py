@@ -168,7 +168,7 @@ class ChunkedArray:
         tier = self.tier
         assert tier is not None
         keys = [tier.key(self.identity, p) for p in paths]
-        found = tier.get_many(keys)
+        found = tier.get_many(keys, threads or usable_cpus())
         missing = [i for i, data in enumerate(found) if data is None]
         if missing:
             fetched = self.backend.read_many([paths[i] for i in missing], threads or 8)

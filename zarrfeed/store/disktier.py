@@ -75,6 +75,7 @@ class DiskTier:
         self._pending: dict[str, bytes] = {}
         self._room = threading.Condition()
         self._writers: tuple[int, ThreadPoolExecutor] | None = None
+        self._readers: tuple[int, ThreadPoolExecutor] | None = None
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "budget_bytes": self.budget_bytes}
@@ -91,7 +92,7 @@ class DiskTier:
         return self.folder / key[:2] / key
 
     # reading ---------------------------------------------------------------------------------
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> bytes | memoryview | None:
         """The payload of an entry, or None (absent, or torn/corrupt: then removed)."""
         path = self._path(key)
         try:
@@ -117,8 +118,23 @@ class DiskTier:
         self.hits += 1
         return payload
 
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        return [self.get(k) for k in keys]
+    def get_many(self, keys: Sequence[str], threads: int = 8) -> list[bytes | memoryview | None]:
+        """Many entries at once (None where missing), read in ``threads`` threads."""
+        if len(keys) <= 1 or threads <= 1:
+            return [self.get(k) for k in keys]
+        size = -(-len(keys) // threads)  # one slice per thread, not one task per key
+        parts = self._pool("_readers", threads).map(
+            lambda i: [self.get(k) for k in keys[i : i + size]], range(0, len(keys), size)
+        )
+        return [data for part in parts for data in part]
+
+    def _pool(self, name: str, threads: int) -> ThreadPoolExecutor:
+        """This process's pool ``name`` (a forked child makes its own)."""
+        found = getattr(self, name)
+        if found is None or found[0] != os.getpid():
+            found = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="zarrfeed-tier"))
+            setattr(self, name, found)
+        return found[1]
 
     # writing ---------------------------------------------------------------------------------
     def put(self, key: str, payload: bytes) -> None:
@@ -148,11 +164,9 @@ class DiskTier:
         """Publish entries in the background (a reader does not wait for the disk's fsyncs);
         waits only while :data:`PENDING_BYTES` are already on their way.  Until an entry is
         in place, :meth:`get` serves it from memory."""
-        pid_pool = self._writers
-        if pid_pool is None or pid_pool[0] != os.getpid():  # none yet, or a forked copy's
+        if self._writers is None or self._writers[0] != os.getpid():  # or a forked copy's
             self._pending, self._room = {}, threading.Condition()
-            pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="zarrfeed-tier")
-            self._writers = pid_pool = (os.getpid(), pool)
+        writers = self._pool("_writers", WRITERS)
         for key, payload in items:
             with self._room:
                 while self._pending and self._pending_bytes() + len(payload) > PENDING_BYTES:
@@ -160,7 +174,7 @@ class DiskTier:
                 if key in self._pending:
                     continue
                 self._pending[key] = payload
-            pid_pool[1].submit(self._write_pending, key, payload)
+            writers.submit(self._write_pending, key, payload)
 
     def _pending_bytes(self) -> int:
         return sum(len(p) for p in self._pending.values())
@@ -252,7 +266,7 @@ class DiskTier:
             (self.folder / _USAGE).write_text("0")
 
 
-def _verified(data: bytes) -> bytes | None:
+def _verified(data: bytes) -> memoryview | None:
     """The payload of an entry's bytes if its header and checksum hold, else None."""
     if len(data) < HEADER.size:
         return None
@@ -260,4 +274,4 @@ def _verified(data: bytes) -> bytes | None:
     payload = memoryview(data)[HEADER.size :]
     if magic != MAGIC or length != len(payload) or zlib.crc32(payload) != crc:
         return None
-    return bytes(payload)
+    return payload  # a view: no copy of the chunk
