@@ -194,3 +194,34 @@ def test_the_cache_command_lists_and_clears_the_tier(tier_env, capsys):
     assert main(["cache", "clear", "disk"]) == 0
     assert "removed 1 cache(s)" in capsys.readouterr().out
     assert tier.get("cd" * 16) is None and tier.held_bytes() == 0
+
+
+def _put_one(folder: str) -> None:
+    DiskTier(folder, 10**9).put("ef" * 16, b"e" * 1000)
+
+
+def test_a_worker_forked_while_the_lock_is_held_does_not_wait_forever(tmp_path):
+    import multiprocessing
+    import threading
+
+    tier = DiskTier(tmp_path / "tier", 10**9)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with tier._locked():
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    child = multiprocessing.get_context("fork").Process(target=_put_one, args=(str(tier.folder),))
+    child.start()  # forked while this process holds the lock
+    release.set()
+    holder.join()
+    child.join(timeout=20)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    assert tier.get("ef" * 16) == b"e" * 1000

@@ -10,9 +10,9 @@ and meanwhile the entry is served from memory) to a temporary file, fsynced and 
 place, and
 carries a header (magic, CRC-32 and length of the payload) checked on every read; a torn or
 corrupt file is removed and read as a miss, never served.  Bounded: the bytes held are
-counted in a small file under a lock shared by every process on the machine; a write that
-takes the count over the budget evicts the least recently used entries (file mtimes are the
-clock: a hit touches its file) down to :data:`LOW_WATER` of it.
+counted in a small file under a lock shared by every process on the machine (fork-safe); a
+write that takes the count over the budget evicts the least recently used entries (file
+mtimes are the clock: a hit touches its file) down to :data:`LOW_WATER` of it.
 
 ``ZARRFEED_DISK_CACHE`` names the folder (default ``~/.cache/zarrfeed/chunks``) and
 ``ZARRFEED_DISK_CACHE_GB`` the budget (default 20; 0 turns the tier off).
@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import hashlib
 import logging
+import multiprocessing.util
 import os
 import shutil
 import struct
@@ -76,6 +77,7 @@ class DiskTier:
         self._room = threading.Condition()
         self._writers: tuple[int, ThreadPoolExecutor] | None = None
         self._readers: tuple[int, ThreadPoolExecutor] | None = None
+        self._thread_lock = (os.getpid(), threading.Lock())
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "budget_bytes": self.budget_bytes}
@@ -166,6 +168,9 @@ class DiskTier:
         in place, :meth:`get` serves it from memory."""
         if self._writers is None or self._writers[0] != os.getpid():  # or a forked copy's
             self._pending, self._room = {}, threading.Condition()
+            # A DataLoader worker leaves through multiprocessing's exit, which skips the
+            # interpreter's: the writes still on their way are finished then.
+            multiprocessing.util.Finalize(self, self.flush, exitpriority=10)
         writers = self._pool("_writers", WRITERS)
         for key, payload in items:
             with self._room:
@@ -198,8 +203,15 @@ class DiskTier:
     # the budget ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self.folder / _LOCK, "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        """The tier's lock, among this process's threads and across processes.  A POSIX
+        record lock (``lockf``) belongs to its process — a child forked while a thread held
+        it does not inherit it (an ``flock`` would stay held by the child's copy of the
+        descriptor, and every process would wait for it forever) — and the thread lock is
+        made again in a forked child for the same reason."""
+        if self._thread_lock[0] != os.getpid():
+            self._thread_lock = (os.getpid(), threading.Lock())
+        with self._thread_lock[1], open(self.folder / _LOCK, "a+b") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
             yield
 
     def _count(self, added: int) -> None:
