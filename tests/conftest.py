@@ -35,7 +35,9 @@ def cache_root():
     )
     old = os.environ.get("ZARRFEED_CACHE_ROOT")
     os.environ["ZARRFEED_CACHE_ROOT"] = root  # inherited by workers and subprocesses
+    os.environ["ZARRFEED_DISK_CACHE"] = os.path.join(root, "disk")  # the object stores' tier
     yield Path(root)
+    os.environ.pop("ZARRFEED_DISK_CACHE", None)
     if old is None:
         os.environ.pop("ZARRFEED_CACHE_ROOT", None)
     else:

@@ -16,6 +16,7 @@ removal deletes first, so a reader racing a rebuild fails loudly instead of retu
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -31,6 +32,7 @@ from zarr.codecs import BloscCodec, BytesCodec
 from zarrfeed.errors import StoreError
 from zarrfeed.processes import usable_cpus
 from zarrfeed.store.backends import Backend
+from zarrfeed.store.disktier import DiskTier
 
 Region = tuple[slice, ...]
 
@@ -117,11 +119,22 @@ class ChunkedArray:
     """One committed array, read chunk by chunk through the store's backend.
 
     ``guard`` is an object whose existence proves the array's version is still committed
-    (the version group's ``zarr.json``).  Built by :meth:`ZarrStore.chunked`.
+    (the version group's ``zarr.json``).  ``tier``: a local-disk tier that chunk objects
+    are read from first and kept in once fetched, under the store's ``identity``.  Built by
+    :meth:`ZarrStore.chunked`.
     """
 
-    def __init__(self, array: zarr.Array, backend: Backend, folder: str, guard: str) -> None:
+    def __init__(
+        self,
+        array: zarr.Array,
+        backend: Backend,
+        folder: str,
+        guard: str,
+        tier: DiskTier | None = None,
+        identity: str = "",
+    ) -> None:
         self.array, self.backend, self.folder, self.guard = array, backend, folder, guard
+        self.tier, self.identity = tier, identity
         self.layout = BloscLayout.of(array)
         self.shape: tuple[int, ...] = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
@@ -142,9 +155,26 @@ class ChunkedArray:
         """Encoded bytes of chunks ``coords`` (None for chunks never written)."""
         assert self.layout is not None
         paths = [f"{self.folder}/{self.layout.encode_key(c)}" for c in coords]
-        found = self.backend.read_many(paths, threads or usable_cpus())
+        if self.tier is None:
+            found = self.backend.read_many(paths, threads or usable_cpus())
+        else:
+            found = self._through_tier(paths, threads)
         if any(b is None for b in found):
             self._check_alive()
+        return found
+
+    def _through_tier(self, paths: list[str], threads: int | None) -> list:
+        """Chunks from the disk tier, the others fetched together and kept there."""
+        tier = self.tier
+        assert tier is not None
+        keys = [tier.key(self.identity, p) for p in paths]
+        found = tier.get_many(keys, threads or usable_cpus())
+        missing = [i for i, data in enumerate(found) if data is None]
+        if missing:
+            fetched = self.backend.read_many([paths[i] for i in missing], threads or 8)
+            for i, data in zip(missing, fetched, strict=True):
+                found[i] = data
+            tier.put_many([(keys[i], d) for i, d in zip(missing, fetched, strict=True) if d])
         return found
 
     def read_into(self, out: np.ndarray, threads: int | None = None) -> np.ndarray:
@@ -244,18 +274,29 @@ def _fan_out(
     threads: int | None,
     batch: int = 64,
 ) -> None:
-    """Fetch chunks in batches and decode them in ``threads`` threads (Blosc releases the GIL);
-    a batch bounds the encoded bytes held at once."""
+    """Fetch chunks in batches and decode them in ``threads`` threads (Blosc releases the GIL),
+    the next batch fetched while this one decodes (an object store's round trips overlap the
+    decoding); two batches bound the encoded bytes held at once."""
     workers = max(1, min(threads or usable_cpus(), 8))
-    for start in range(0, len(coords), batch):
-        part = coords[start : start + batch]
-        found = fetch(part, workers)
-        if workers == 1 or len(part) == 1:
-            for c, data in zip(part, found, strict=True):
-                decode(c, data)
-            continue
-        with ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks") as pool:
-            list(pool.map(decode, part, found))
+    parts = [coords[i : i + batch] for i in range(0, len(coords), batch)]
+    if not parts:
+        return
+    with contextlib.ExitStack() as stack:
+        ahead = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="zarrfeed-fetch"))
+        pool = None
+        if workers > 1:
+            pool = stack.enter_context(
+                ThreadPoolExecutor(workers, thread_name_prefix="zarrfeed-chunks")
+            )
+        coming = ahead.submit(fetch, parts[0], workers) if len(parts) > 1 else None
+        for i, part in enumerate(parts):
+            found = coming.result() if coming is not None else fetch(part, workers)
+            coming = ahead.submit(fetch, parts[i + 1], workers) if i + 1 < len(parts) else None
+            if pool is None or len(part) == 1:
+                for c, data in zip(part, found, strict=True):
+                    decode(c, data)
+            else:
+                list(pool.map(decode, part, found))
 
 
 def write_from(

@@ -3,8 +3,10 @@
 <asset>/<key>/<version>/...                 a partition's versions (``zarrstore``)
 datasets/<name>/<table>/...                 a dataset's consolidated tables
 .zarrfeed/commits/<asset>/<key>.json        commit records
+.zarrfeed/changes/<asset>/                  the asset's log of commit intents (``changes``)
 .zarrfeed/indexes/<asset>.json              commit-record summaries
 .zarrfeed/manifests/<name>.json             dataset manifests training consumes
+.zarrfeed/manifests/<name>.rows             the same as rows, for the next manifest (``rows``)
 .zarrfeed/catalog/<family>/                 the raw-item catalog, and the build queue
 """
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import logging
 import re
 import time
 import uuid
@@ -41,13 +42,21 @@ import zarrfeed
 from zarrfeed.errors import StoreError, ZarrfeedError
 from zarrfeed.store import jsonio
 from zarrfeed.store.backends import TEMPORARY, Backend, LocalBackend, open_backend
+from zarrfeed.store.bulk import gc_paused
+from zarrfeed.store.changes import DELETED, MARGIN_S, ChangeLog, ChangeLogError, Intent, now_ns
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
 from zarrfeed.store.contract import failed_checks
+from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
+from zarrfeed.store.rows import Rows
 
 LAYOUT = 2
+# Change-log hours kept: a reader whose last look is older scans in full.
+CHANGES_KEPT_S = 7 * 86400.0
+INDEX_LAYOUT = 2  # of .zarrfeed/indexes/<asset>.json: {layout, position, partitions}
+_log = logging.getLogger(__name__)
 # A version no record names is a writer's work in progress until it is this old.
 VERSION_GRACE_S = 3600.0
 _VERSION = re.compile(r"v(\d{8}T\d{6})(\d{3})Z-[0-9a-f]{8}")
@@ -143,7 +152,10 @@ class ZarrStore:
         # What makes this store's bytes unique on this machine: a cache key starts with it.
         self.identity = self.backend.identity
         self.local = isinstance(self.backend, LocalBackend)
+        # Chunks fetched from an object store are kept on the local disk (None: off).
+        self.tier: DiskTier | None = None if self.local else open_tier()
         self._groups: set[str] = set()
+        self._changes: dict[str, ChangeLog] = {}
 
     def __repr__(self) -> str:
         return f"ZarrStore({self.url!r})"
@@ -246,6 +258,7 @@ class ZarrStore:
             self._ensure_groups(asset, key)
             self.backend.persist(folder)  # the data is durable before the record names it
             previous = self._committed_version(asset, key)
+            noted = self.changes(asset).note(key, version)  # readers look at this key again
         except BaseException:
             self._discard(folder)
             raise
@@ -254,6 +267,8 @@ class ZarrStore:
         except BaseException:
             if not self._settle(asset, key, version):
                 raise
+        if now_ns() - noted > MARGIN_S / 2 * 1e9:  # landed late: readers may have moved on
+            self.changes(asset).note(key, version)
         # Committed.  Leftovers of a failed clean-up are collected later, never an error.
         with suppress(ZarrfeedError, OSError):
             if previous and previous != version:
@@ -313,17 +328,32 @@ class ZarrStore:
 
     def delete_partition(self, asset: str, key: str) -> None:
         """Un-commit a partition (its record goes first), then remove its versions."""
+        self.changes(asset).note(key, DELETED)
         self.backend.remove(self._record_path(asset, key))
         self._sweep(asset, key, keep=None, older_than_s=0)
 
     def collect_garbage(self, older_than_s: float = VERSION_GRACE_S) -> int:
         """Remove every version that no commit record names and that is older than
-        ``older_than_s`` (crashed or interrupted writers); returns how many."""
+        ``older_than_s`` (crashed or interrupted writers), and the hours of the change logs
+        older than :data:`CHANGES_KEPT_S`; returns how many."""
         removed = 0
         for asset, key in self._partition_folders():
             keep = self._committed_version(asset, key)
             removed += self._sweep(asset, key, keep=keep, older_than_s=older_than_s)
+        cutoff = now_ns() - int(CHANGES_KEPT_S * 1e9)
+        for asset in self._logged_assets():
+            removed += self.changes(asset).compact(cutoff)
         return removed + self._collect_temporaries(self._meta(), older_than_s)
+
+    def _logged_assets(self, prefix: str = "") -> Iterator[str]:
+        """Every asset with a change log."""
+        folder = self._meta("changes", prefix) if prefix else self._meta("changes")
+        names = self.backend.list_dir(folder)
+        if prefix and any(n == "start.json" or n.isdigit() for n in names):
+            yield prefix
+            return
+        for name in names:
+            yield from self._logged_assets(f"{prefix}/{name}" if prefix else name)
 
     def _collect_temporaries(self, folder: str, older_than_s: float) -> int:
         """Record files a local writer died while publishing (``<name>.<unix>-<id>.tmp``)."""
@@ -384,27 +414,109 @@ class ZarrStore:
         found = self.backend.read_many(paths)
         return {k: None if b is None else jsonio.loads(b) for k, b in zip(keys, found, strict=True)}
 
+    def changes(self, asset: str) -> ChangeLog:
+        """The change log of ``asset``: one intent per commit, written before its record."""
+        check_asset(asset)
+        if asset not in self._changes:
+            self._changes[asset] = ChangeLog(self.backend, asset)
+        return self._changes[asset]
+
     def record_summaries(self, asset: str) -> dict[str, dict[str, Any]]:
         """Committed key → the summary of its commit record that manifests and the nightly
         evaluation use (:func:`summarise`), for every committed partition of ``asset``.
 
-        Incremental: one listing of the records with their change stamps (size and mtime,
-        or ETag), then only the records new or changed since the last call are read; the
-        summaries are kept in ``.zarrfeed/indexes/<asset>.json`` for the next caller.  The
-        cache is checked against the listing every time, so a stale or lost one costs reads,
-        never a wrong answer.
+        Proportional to what changed: the summaries are kept in
+        ``.zarrfeed/indexes/<asset>.json`` with the time they were looked at, and the next
+        caller reads only the records the asset's change log names since then
+        (:mod:`zarrfeed.store.changes`).  Without a usable log (none, unreadable, or
+        compacted past that time) it scans in full — one listing of the records with their
+        change stamps, then only the records new or changed since the index read — and logs
+        why when the log should have served.  Either way the records are the truth, so a
+        stale or lost index or log costs reads, never a wrong answer.
         """
+        return self._summaries(asset)[0]
+
+    @gc_paused()  # 50,000 summaries, none of them garbage
+    def _summaries(self, asset: str) -> tuple[dict[str, dict[str, Any]], int | None]:
+        """:meth:`record_summaries`, and where the change log is to be read from next."""
+        path = self._meta("indexes", f"{check_asset(asset)}.json")
+        try:
+            index: dict[str, Any] = jsonio.loads(self.backend.read(path))
+        except (FileNotFoundError, ValueError):
+            index = {}
+        if index.get("layout") != INDEX_LAYOUT:
+            index = {}
+        cached: dict[str, Any] = index.get("partitions", {})
+        position: int | None = index.get("position")
+        looked = now_ns()
+        intents = self._covered(asset, position, looked, known=bool(index))
+        if intents is not None:
+            out, fresh = self._apply(asset, cached, intents)
+        else:
+            out, fresh = self._scan(asset, cached)
+            intents = self._recent(asset, looked)
+        after = None if intents is None else _next_position(looked, intents, out)
+        if fresh or len(out) != len(cached) or after != position:
+            state = {"layout": INDEX_LAYOUT, "position": after, "partitions": out}
+            with suppress(ZarrfeedError, OSError):  # a cache: the next caller re-reads
+                self.backend.write_atomic(path, jsonio.dumps(state, default=_json_default))
+        return out, after
+
+    def _covered(
+        self, asset: str, position: int | None, looked: int, known: bool
+    ) -> list[Intent] | None:
+        """The intents of ``asset`` from ``position`` on; None when the log does not cover
+        them all (logged when ``known``: a reader had looked at it before)."""
+        log = self.changes(asset)
+        try:
+            start = log.start()
+            if start is None:
+                if known:
+                    _log.warning("%s has no change log for %s: reading every record's stamp",
+                                 self.url, asset)  # fmt: skip
+                log.begin(looked)  # complete from now on: writers note every commit
+                return None
+            if position is None or position < start:
+                return None
+            return log.since(position)
+        except ChangeLogError as exc:
+            _log.warning("%s: the change log of %s is unusable (%s): reading every record's "
+                         "stamp", self.url, asset, exc)  # fmt: skip
+            return None
+
+    def _recent(self, asset: str, looked: int) -> list[Intent] | None:
+        """The intents of ``asset`` younger than the version grace (commits perhaps still
+        landing); None when the log is unusable."""
+        log = self.changes(asset)
+        try:
+            start = log.start()
+            return log.since(max(start or looked, looked - int(VERSION_GRACE_S * 1e9)))
+        except ChangeLogError:
+            return None
+
+    def _apply(
+        self, asset: str, cached: dict[str, Any], intents: list[Intent]
+    ) -> tuple[dict[str, Any], int]:
+        """``cached`` with the records of the keys ``intents`` name read again."""
+        keys = sorted({i.key for i in intents})
+        fresh = self.commit_records(asset, keys)
+        out = dict(cached)
+        for key, record in fresh.items():
+            if record is None:
+                out.pop(key, None)
+            else:
+                out[key] = {**summarise(record), "stamp": None}
+        return dict(sorted(out.items())), len(fresh)
+
+    def _scan(self, asset: str, cached: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Summaries from one listing of the records with their change stamps, reading
+        only those not in ``cached`` with the same stamp."""
         folder = self._meta("commits", check_asset(asset))
         listed = {
             name[: -len(".json")]: list(stamp)
             for name, stamp in self.backend.list_stamps(folder).items()
             if name.endswith(".json")
         }
-        path = self._meta("indexes", f"{asset}.json")
-        try:
-            cached: dict[str, Any] = jsonio.loads(self.backend.read(path))
-        except (FileNotFoundError, ValueError):
-            cached = {}
         stale = [k for k, stamp in listed.items() if cached.get(k, {}).get("stamp") != stamp]
         fresh = self.commit_records(asset, stale)
         out = {}
@@ -413,10 +525,7 @@ class ZarrStore:
                 out[key] = cached[key]
             elif fresh[key] is not None:  # else un-committed between the listing and the read
                 out[key] = {**summarise(fresh[key]), "stamp": stamp}
-        if stale or len(out) != len(cached):
-            with suppress(ZarrfeedError, OSError):  # a cache: the next caller re-reads
-                self.backend.write_atomic(path, jsonio.dumps(out, default=_json_default))
-        return out
+        return out, len(stale)
 
     def open_partition(self, asset: str, key: str, version: str | None = None) -> zarr.Group:
         """The read-only Zarr group of the committed version of a partition, or of
@@ -451,7 +560,8 @@ class ZarrStore:
         version = version or self.commit_record(asset, key)["version"]
         folder = self.version_path(asset, key, version)
         array = self.open_array(asset, key, name, version)
-        return ChunkedArray(array, self.backend, f"{folder}/{name}", f"{folder}/zarr.json")
+        return ChunkedArray(array, self.backend, f"{folder}/{name}", f"{folder}/zarr.json",
+                            self.tier, self.identity)  # fmt: skip
 
     def read_array(self, asset: str, key: str, name: str, version: str | None = None) -> np.ndarray:
         """All of array ``name`` of a committed partition, decoded in threads."""
@@ -474,6 +584,7 @@ class ZarrStore:
             raise StoreError(f"no committed partitions {missing[:5]} of {asset!r} in {self.url}")
         return _manifest(asset, self.url, [found[k] for k in keys], extra)
 
+    @gc_paused()  # 200,000 summaries and manifest entries, none of them garbage
     def write_dataset(
         self,
         name: str,
@@ -493,33 +604,79 @@ class ZarrStore:
         provenance: training parses this manifest at start, 50,000 partitions of four assets
         at a time; provenance is in the commit records and the asset manifests.
         """
-        records = {a: self.record_summaries(a) for a in assets}
-        committed = {a: set(found) for a, found in records.items()}
-        candidates = sorted(set.intersection(*committed.values())) if committed else []
-        failed: dict[str, list[str]] = {}
-        for a, found in records.items():
-            for k in candidates:
-                bad = failed_checks(found[k])
-                if bad:
-                    failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
-        for k, reasons in (withheld or {}).items():
-            if k in candidates:
-                failed.setdefault(k, []).extend(reasons)
-        keys = [k for k in candidates if k not in failed]
-        manifest = {
-            "dataset": name,
-            "store": self.url,
-            "keys": keys,
-            "incomplete": sorted(set().union(*committed.values()) - set(candidates)),
-            "failed": {k: failed[k] for k in sorted(failed)},
-            "assets": {
-                a: _manifest(a, self.url, [records[a][k] for k in keys], {}, provenance=False)
-                for a in assets
-            },
-            **extra,
-        }
-        self._write_manifest(name, manifest)
+        held = {k: list(v) for k, v in (withheld or {}).items()}
+        rows = self._updated_rows(name, assets, held) or self._full_rows(assets, held)
+        data, manifest = rows.manifest(name, self.url, extra, _json_default)
+        self.backend.write_atomic(self._meta("manifests", f"{check_asset(name)}.json"), data)
+        with suppress(ZarrfeedError, OSError):  # older rows only mean more records to read
+            self.backend.write_atomic(self._rows_path(name), rows.dumps(self.url))
         return manifest
+
+    def _rows_path(self, name: str) -> str:
+        return self._meta("manifests", f"{check_asset(name)}.rows")
+
+    def _full_rows(self, assets: list[str], withheld: dict[str, list[str]]) -> Rows:
+        """:meth:`write_dataset`'s rows from every asset's record summaries."""
+        found = {a: self._summaries(a) for a in assets}
+        records = {a: out for a, (out, _) in found.items()}
+        committed = {a: set(out) for a, out in records.items()}
+        candidates = sorted(set.intersection(*committed.values())) if committed else []
+        rows = Rows(assets)
+        for a, out in records.items():
+            for k in candidates:
+                bad = failed_checks(out[k])
+                if bad:
+                    rows.failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
+        for k, reasons in withheld.items():
+            if k in candidates:
+                rows.failed.setdefault(k, []).extend(reasons)
+        for k in candidates:
+            if k not in rows.failed:
+                rows.add(k, [_entry(records[a][k], provenance=False) for a in assets])
+        rows.incomplete = set().union(*committed.values()) - set(candidates)
+        rows.positions = {a: after for a, (_, after) in found.items()}
+        rows.withheld = withheld
+        return rows
+
+    def _updated_rows(
+        self, name: str, assets: list[str], withheld: dict[str, list[str]]
+    ) -> Rows | None:
+        """The previous rows of dataset ``name`` with the keys its assets' change logs name
+        since then read again (a key withheld or released counts as changed); None when
+        there are no such rows or a log does not cover the time since."""
+        looked = now_ns()
+        try:
+            rows = Rows.parse(self.backend.read(self._rows_path(name)), assets, self.url)
+        except FileNotFoundError:
+            return None
+        if rows is None:
+            return None
+        known = bool(rows.positions)
+        logs = {a: self._covered(a, rows.positions.get(a), looked, known) for a in assets}
+        if any(intents is None for intents in logs.values()):
+            return None
+        changed = {i.key for intents in logs.values() for i in intents}
+        before = rows.withheld
+        changed |= {k for k in before.keys() | withheld.keys() if before.get(k) != withheld.get(k)}
+        fresh = {
+            a: {k: summarise(r) for k, r in self.commit_records(a, sorted(changed)).items() if r}
+            for a in assets
+        }
+        for k in sorted(changed):
+            rows.leave_out(k)
+            present = [a for a in assets if k in fresh[a]]
+            if len(present) < len(assets):
+                if present:
+                    rows.incomplete.add(k)
+                continue
+            bad = [f"{a}:{n}" for a in assets for n in failed_checks(fresh[a][k])]
+            if bad or k in withheld:
+                rows.failed[k] = bad + withheld.get(k, [])
+                continue
+            rows.add(k, [_entry(fresh[a][k], provenance=False) for a in assets])
+        rows.positions = {a: _next_position(looked, logs[a], fresh[a]) for a in assets}
+        rows.withheld = withheld
+        return rows
 
     def consolidate(
         self,
@@ -611,6 +768,21 @@ PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")
 SUMMARY_ATTRS = (*PROVENANCE, "source_stamp")
 
 
+def _next_position(looked: int, intents: list[Intent], found: dict[str, Any]) -> int:
+    """Where the next look at the change log starts: ``MARGIN_S`` before this one, and no
+    later than a key's latest intent younger than the version grace whose record does not
+    name it yet (a commit still landing)."""
+    grace = int(VERSION_GRACE_S * 1e9)
+    after = looked - int(MARGIN_S * 1e9)
+    latest = {i.key: i for i in intents}  # an earlier commit landing late notes again
+    for i in latest.values():
+        version = (found.get(i.key) or {}).get("version")
+        landed = version == i.version or (i.version == DELETED and version is None)
+        if not landed and looked - i.ns < grace:
+            after = min(after, i.ns)
+    return after
+
+
 def summarise(record: dict[str, Any]) -> dict[str, Any]:
     """What manifests, datasets and the nightly evaluation need of a commit record (a third
     of its size: no codecs, no parameters, no HU decision)."""
@@ -633,10 +805,9 @@ def _manifest(
     url: str,
     records: list[dict[str, Any]],
     extra: dict[str, Any],
-    provenance: bool = True,
 ) -> dict[str, Any]:
-    """The manifest of one asset over commit-record summaries; ``provenance`` adds each
-    partition's source, hash, code version and fingerprint."""
+    """The manifest of one asset over commit-record summaries, with each partition's source,
+    hash, code version and fingerprint."""
     arrays: dict[str, dict[str, Any]] = {}
     for r in records:
         for name, a in r["arrays"].items():
@@ -662,7 +833,7 @@ def _manifest(
             }
             for name, e in sorted(arrays.items())
         },
-        "partitions": [_entry(r, provenance) for r in records],
+        "partitions": [_entry(r, provenance=True) for r in records],
         **extra,
     }
 

@@ -1,0 +1,145 @@
+"""Manifests and record summaries proportional to what changed: the per-asset change log of
+commit intents, the incremental dataset manifest, and the loud full scan without a log."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from zarrfeed.store import ZarrStore, zarrstore
+from zarrfeed.store.changes import ChangeLog
+
+ASSETS = ["ct/windows", "ct/patches"]
+
+
+def commit(store, asset, key, value, ok=True):
+    with store.write_partition(asset, key, {"source": f"{key}.nii.gz"}) as w:
+        w.write("x", np.full((4, 5, 6), value, np.float32))
+        w.checks["in_range"] = ok
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    # The next look starts where this one was (no margin), so a test needs no waiting.
+    monkeypatch.setattr(zarrstore, "MARGIN_S", 0.0)
+    store = ZarrStore(tmp_path / "s.zarr")
+    for asset in ASSETS:
+        for i in range(6):
+            commit(store, asset, f"scan_{i}", i)
+    return store
+
+
+def full(store, name, assets, withheld=None):
+    """The dataset manifest a store without indexes or manifests gets (no position)."""
+    fresh = ZarrStore(store.url)
+    fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "indexes"))
+    fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "manifests"))
+    return without_positions(fresh.write_dataset(name, assets, withheld))
+
+
+def without_positions(manifest):
+    return {k: v for k, v in manifest.items() if k != "positions"}
+
+
+def counting(store, monkeypatch):
+    """The keys whose records ``store`` reads, per asset; a full listing fails the test."""
+    seen = {}
+    real = store.commit_records
+
+    def records(asset, keys):
+        seen.setdefault(asset, []).extend(keys)
+        return real(asset, keys)
+
+    def listing(path):
+        raise AssertionError(f"listed every record under {path}")
+
+    monkeypatch.setattr(store, "commit_records", records)
+    monkeypatch.setattr(store.backend, "list_stamps", listing)
+    return seen
+
+
+def test_an_incremental_manifest_reads_only_what_changed_and_equals_a_full_build(
+    store, monkeypatch
+):
+    store.write_dataset("ct", ASSETS)
+    commit(store, "ct/windows", "scan_1", 10)  # rebuilt in one asset
+    for asset in ASSETS:
+        commit(store, asset, "scan_2", 20)  # rebuilt in both
+    store.delete_partition("ct/patches", "scan_3")  # now incomplete
+    for asset in ASSETS:
+        store.delete_partition(asset, "scan_4")  # gone
+    commit(store, "ct/patches", "scan_5", 50, ok=False)  # failed a check
+    for asset in ASSETS:
+        commit(store, asset, "scan_9", 90)  # new
+    with monkeypatch.context() as patched:
+        reads = counting(store, patched)
+        manifest = store.write_dataset("ct", ASSETS, {"scan_0": ["two raw items"]})
+    changed = ["scan_0", "scan_1", "scan_2", "scan_3", "scan_4", "scan_5", "scan_9"]
+    assert reads == dict.fromkeys(ASSETS, changed)  # scan_0: withheld since the last one
+    assert manifest["keys"] == ["scan_1", "scan_2", "scan_9"]
+    assert manifest["incomplete"] == ["scan_3"]
+    assert manifest["failed"] == {"scan_0": ["two raw items"], "scan_5": ["ct/patches:in_range"]}
+    version = store.commit_record("ct/windows", "scan_1")["version"]
+    entries = manifest["assets"]["ct/windows"]["partitions"]
+    assert [p["version"] for p in entries if p["key"] == "scan_1"] == [version]
+    assert without_positions(manifest) == full(store, "ct", ASSETS, {"scan_0": ["two raw items"]})
+    reads = counting(store, monkeypatch)
+    assert store.write_dataset("ct", ASSETS)["keys"] == ["scan_0", "scan_1", "scan_2", "scan_9"]
+    assert reads == {key: ["scan_0"] for key in ASSETS}  # released, nothing else changed
+
+
+def test_record_summaries_follow_the_log(store, monkeypatch):
+    store.record_summaries("ct/windows")
+    commit(store, "ct/windows", "scan_1", 10)
+    store.delete_partition("ct/windows", "scan_2")
+    reads = counting(store, monkeypatch)
+    summaries = store.record_summaries("ct/windows")
+    assert reads == {"ct/windows": ["scan_1", "scan_2"]}
+    assert "scan_2" not in summaries
+    assert summaries["scan_1"]["version"] == store.commit_record("ct/windows", "scan_1")["version"]
+
+
+def test_a_half_commit_is_never_listed_and_a_slow_one_is_read_once_it_lands(store, monkeypatch):
+    store.write_dataset("ct", ASSETS)
+    old = store.commit_record("ct/windows", "scan_1")
+    # A writer noted its intent, then crashed (or is still writing) before the record.
+    new = zarrstore.new_version()
+    store.changes("ct/windows").note("scan_1", new)
+    first = store.write_dataset("ct", ASSETS)
+    entry = [p for p in first["assets"]["ct/windows"]["partitions"] if p["key"] == "scan_1"]
+    assert entry[0]["version"] == old["version"]
+    # The record lands after that look: the pending intent is looked at again.
+    store.backend.write_atomic(
+        store._record_path("ct/windows", "scan_1"),
+        zarrstore.jsonio.dumps({**old, "version": new}),
+    )
+    reads = counting(store, monkeypatch)
+    second = store.write_dataset("ct", ASSETS)
+    assert reads == {key: ["scan_1"] for key in ASSETS}
+    entry = [p for p in second["assets"]["ct/windows"]["partitions"] if p["key"] == "scan_1"]
+    assert entry[0]["version"] == new
+
+
+@pytest.mark.parametrize("damage", ["lost", "corrupt", "compacted"])
+def test_without_a_usable_log_the_manifest_scans_in_full_and_says_so(
+    store, damage, caplog, monkeypatch
+):
+    store.write_dataset("ct", ASSETS)
+    store.record_summaries("ct/windows")
+    commit(store, "ct/windows", "scan_1", 10)
+    log = ChangeLog(store.backend, "ct/windows")
+    if damage == "lost":
+        store.backend.remove_tree(log.folder)
+    elif damage == "corrupt":
+        store.backend.write_atomic(f"{log.folder}/start.json", b"{not json")
+    else:  # the store's maintenance compacted the log past the manifest's position
+        monkeypatch.setattr(zarrstore, "CHANGES_KEPT_S", -3600.0)
+        store.collect_garbage()
+        assert store.backend.list_dir(log.folder) == ["start.json"]
+    caplog.set_level(logging.WARNING, logger="zarrfeed.store.zarrstore")
+    manifest = store.write_dataset("ct", ASSETS)
+    if damage != "compacted":  # compaction is routine: a full scan, without a warning
+        assert "change log" in caplog.text and "ct/windows" in caplog.text
+    assert without_positions(manifest) == full(store, "ct", ASSETS)
+    version = store.commit_record("ct/windows", "scan_1")["version"]
+    assert store.record_summaries("ct/windows")["scan_1"]["version"] == version
