@@ -34,6 +34,24 @@ from zarrfeed.errors import StoreError
 
 TEMPORARY = ".tmp"  # suffix of a LocalBackend.write_atomic in progress: <name>.<unix>-<id>.tmp
 
+
+def write_file_atomic(path: str | os.PathLike, tmp: str | os.PathLike, *parts: bytes) -> None:
+    """Write ``parts`` to the local file ``tmp``, flush it to the disk and rename it onto
+    ``path``: a reader sees the old file or the new one whole, never a torn one; ``tmp`` is
+    removed whatever fails (a crash leaves it for the caller's clean-up by its name)."""
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 # Only the endpoint decides which server a URL means; credentials never reach an identity.
 _IDENTITY_OPTIONS = ("endpoint_url",)
 # Options and variables that hold secrets: their values are blanked out of every error text.
@@ -161,17 +179,9 @@ class LocalBackend(Backend):
 
     def write_atomic(self, path: str, data: bytes) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{int(time.time())}-{uuid.uuid4().hex[:8]}{TEMPORARY}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_file_atomic(
+            path, f"{path}.{int(time.time())}-{uuid.uuid4().hex[:8]}{TEMPORARY}", data
+        )
         _fsync(os.path.dirname(path))  # the rename itself (a failure here: written, not sure)
 
     def put_many(self, folder: str, objects: dict[str, bytes]) -> None:

@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from zarrfeed.store.backends import write_file_atomic
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<4sIQ")  # magic, CRC-32 of the payload, payload length
@@ -144,22 +146,8 @@ class DiskTier:
         path = self._path(key)
         tmp = path.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_TMP}")
         header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
-        try:
-            f = open(tmp, "wb")  # noqa: SIM115
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(tmp, "wb")  # noqa: SIM115
-        try:
-            with f:
-                f.write(header)
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, tmp, header, payload)
         self._count(HEADER.size + len(payload))
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
