@@ -405,7 +405,8 @@ class Deployment:
     def launch_backfill(
         self, job: str, partitions: list[str], run_config: Mapping[str, Any] | None = None
     ) -> str:
-        """A backfill of ``job`` over ``partitions`` (one run per partition, via the queue)."""
+        """A backfill of ``job`` over ``partitions`` (runs over ranges of the family's backfill
+        policy's size, via the queue)."""
         data = self.graphql(
             """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
                  __typename ... on LaunchBackfillSuccess { backfillId }
