@@ -153,3 +153,37 @@ def test_a_family_job_has_one_backfill_policy_its_raw_ingest_included(dagster_en
         assets = family_assets(FAMILIES[family], settings(resources, family))
         assert {a.backfill_policy for a in assets} == {BATCH}, family
     assert BATCH.max_partitions_per_run >= 2
+
+
+@pytest.mark.slow
+def test_a_batched_run_builds_nothing_on_an_item_that_fails_raw_ingests_readable_check(
+    dagster_env, monkeypatch
+):
+    """A batched run's failed raw check is a warning for the range, never a pass for the
+    item: a readable NIfTI with a one-voxel dimension gets no stored partition at all."""
+    import nibabel as nib
+    import numpy as np
+
+    raw, resources, instance = dagster_env
+    monkeypatch.setenv(STORE, resources["zarr_store"].url)
+    monkeypatch.setenv(
+        SETTINGS, CT.settings.model_validate(settings(resources, "ct")).model_dump_json()
+    )
+    assert discover(instance, resources, "ct")[: len(KEYS)] == KEYS
+    flat_key = KEYS[1]
+    flat = raw / f"ct-rate/dataset/train_fixed/train_1/train_1_a/{flat_key}.nii.gz"
+    img = nib.load(flat)
+    one_slice = np.asarray(img.dataobj.get_unscaled())[:, :, :1].copy()
+    nib.save(nib.Nifti1Image(one_slice, img.affine, img.header), flat)
+    discover(instance, resources, "ct")
+
+    result = run(instance, RANGE)
+    assert not result.success
+    assert f"{flat_key}.nii.gz" in step_failures(result)
+    store = resources["zarr_store"].store()
+    others = [k for k in KEYS if k != flat_key]
+    for spec in CT.assets:
+        assert store.list_partitions(spec.path) == others, spec.name
+    checks = {c.partition: c.passed for c in result.get_asset_check_evaluations()
+              if c.asset_key == RAW and c.partition}  # fmt: skip
+    assert checks == {k: k != flat_key for k in KEYS}
