@@ -192,3 +192,30 @@ def test_a_batched_run_builds_nothing_on_an_item_that_fails_raw_ingests_readable
     checks = {c.partition: c.passed for c in result.get_asset_check_evaluations()
               if c.asset_key == RAW and c.partition}  # fmt: skip
     assert checks == {k: k != flat_key for k in KEYS}
+
+
+def test_an_interrupted_batch_starts_no_more_partitions_and_keeps_those_that_finished():
+    """A cancelled run (an interrupt in the step's thread) stops the batch: the queued
+    partitions never start, and the ones that finished are there to be recorded."""
+    import signal
+    import time
+
+    from zarrfeed.assets.build import Built, build_range
+
+    started: list[str] = []
+
+    def build(key: str):
+        started.append(key)
+        if key == "k1":  # the run is cancelled while k1 builds
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        yield RAW, Built({"key": key})
+
+    done: dict = {}
+    errors: dict = {}
+    keys = [f"k{i}" for i in range(10)]
+    with pytest.raises(KeyboardInterrupt):
+        build_range(keys, build, 1, done, errors)
+    assert started == ["k0", "k1"]
+    assert list(done) == ["k0"] and done["k0"][RAW].metadata == {"key": "k0"}
+    assert errors == {}
