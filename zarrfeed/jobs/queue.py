@@ -6,10 +6,9 @@ tick would create thousands of queued runs even batched (minutes of run-storage 
 inside one tick, a run queue and a UI that list them all).  Instead the sensor and the
 schedule request at most :data:`PER_TICK` runs a tick (each a batch of consecutive
 partitions), never more than leave :data:`IN_FLIGHT` runs of the family queued or running;
-the rest wait here,
-in the store beside the catalog (``.zarrfeed/catalog/<family>/queue.json``: key → why), and
-the discovery sensor releases them tick by tick.  Memory stays bounded by the keys, never by
-run objects.
+the rest wait here, in the store beside the catalog
+(``.zarrfeed/catalog/<family>/queue.json``: key → why), and the discovery sensor releases
+them tick by tick.  Memory stays bounded by the keys, never by run objects.
 
 The sensor and the nightly schedule may write the queue at the same moment and one may lose
 the other's additions; nothing is lost for good, since the next nightly evaluation finds
