@@ -38,7 +38,7 @@ from zarrfeed.components import family_defs
 from zarrfeed.families.ct import CT, CTSettings
 from zarrfeed.formats import write_nifti
 from zarrfeed.jobs.discovery import discover_into
-from zarrfeed.jobs.queue import BuildQueue
+from zarrfeed.jobs.queue import IN_FLIGHT, PER_TICK, BuildQueue
 from zarrfeed.resources import (
     BuildOptions,
     HuggingFaceResource,
@@ -117,8 +117,8 @@ def discovery(work: Path, n: int, more: int, resources: dict, instance) -> None:
         tick(sensor, instance, resources)
     queued = len(BuildQueue(resources["zarr_store"].store().backend, "ct").load())
     bench("scale.build_queue_waiting", queued, "partitions",
-          f"waiting after 5 ticks of {n + more} new partitions: 500 requests a tick, none "
-          "once 2,000 runs of the family are queued or running")  # fmt: skip
+          f"waiting after 5 ticks of {n + more} new partitions: at most {PER_TICK} runs a "
+          f"tick, never more than {IN_FLIGHT} of the family queued or running")  # fmt: skip
 
 
 def overhead(work: Path, resources: dict, big: dg.DagsterInstance, runs: int) -> None:

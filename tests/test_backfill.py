@@ -43,7 +43,12 @@ def ct_job() -> dg.JobDefinition:
 
 
 def run(instance: dg.DagsterInstance, tags: dict[str, str]) -> ExecutionResult:
-    with dg.execute_job(dg.reconstructable(ct_job), instance, tags=tags) as result:
+    job = dg.reconstructable(ct_job)
+    # Dagster keeps the last definition loaded for an equal pointer: an earlier test's job
+    # would build from that test's store.
+    type(job).get_definition.cache_clear()
+    type(job).get_repository_definition.cache_clear()
+    with dg.execute_job(job, instance, tags=tags) as result:
         return result  # its events stay readable; its outputs are not read
 
 
@@ -153,3 +158,64 @@ def test_a_family_job_has_one_backfill_policy_its_raw_ingest_included(dagster_en
         assets = family_assets(FAMILIES[family], settings(resources, family))
         assert {a.backfill_policy for a in assets} == {BATCH}, family
     assert BATCH.max_partitions_per_run >= 2
+
+
+@pytest.mark.slow
+def test_a_batched_run_builds_nothing_on_an_item_that_fails_raw_ingests_readable_check(
+    dagster_env, monkeypatch
+):
+    """A batched run's failed raw check is a warning for the range, never a pass for the
+    item: a readable NIfTI with a one-voxel dimension gets no stored partition at all."""
+    import nibabel as nib
+    import numpy as np
+
+    raw, resources, instance = dagster_env
+    monkeypatch.setenv(STORE, resources["zarr_store"].url)
+    monkeypatch.setenv(
+        SETTINGS, CT.settings.model_validate(settings(resources, "ct")).model_dump_json()
+    )
+    assert discover(instance, resources, "ct")[: len(KEYS)] == KEYS
+    flat_key = KEYS[1]
+    flat = raw / f"ct-rate/dataset/train_fixed/train_1/train_1_a/{flat_key}.nii.gz"
+    img = nib.load(flat)
+    one_slice = np.asarray(img.dataobj.get_unscaled())[:, :, :1].copy()
+    nib.save(nib.Nifti1Image(one_slice, img.affine, img.header), flat)
+    discover(instance, resources, "ct")
+
+    result = run(instance, RANGE)
+    assert not result.success
+    assert f"{flat_key}.nii.gz" in step_failures(result)
+    store = resources["zarr_store"].store()
+    others = [k for k in KEYS if k != flat_key]
+    for spec in CT.assets:
+        assert store.list_partitions(spec.path) == others, spec.name
+    checks = {c.partition: c.passed for c in result.get_asset_check_evaluations()
+              if c.asset_key == RAW and c.partition}  # fmt: skip
+    assert checks == {k: k != flat_key for k in KEYS}
+
+
+def test_an_interrupted_batch_starts_no_more_partitions_and_keeps_those_that_finished():
+    """A cancelled run (an interrupt in the step's thread) stops the batch: the queued
+    partitions never start, and the ones that finished are there to be recorded."""
+    import signal
+    import time
+
+    from zarrfeed.assets.build import Built, build_range
+
+    started: list[str] = []
+
+    def build(key: str):
+        started.append(key)
+        if key == "k1":  # the run is cancelled while k1 builds
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        yield RAW, Built({"key": key})
+
+    done: dict = {}
+    errors: dict = {}
+    keys = [f"k{i}" for i in range(10)]
+    with pytest.raises(KeyboardInterrupt):
+        build_range(keys, build, 1, done, errors)
+    assert started == ["k0", "k1"]
+    assert list(done) == ["k0"] and done["k0"][RAW].metadata == {"key": "k0"}
+    assert errors == {}

@@ -6,8 +6,10 @@ import gzip
 import json
 import shutil
 import tracemalloc
+import warnings
 import zipfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -271,6 +273,21 @@ def test_decompression_bombs_are_input_errors(tmp_path, monkeypatch):
     write_image(tmp_path / "t.tif", np.zeros((40, 40), np.uint16))
     with pytest.raises(InputError, match=r"t\.tif.*at most 1000 pixels.*\(40, 40\)"):
         read_image(tmp_path / "t.tif")
+    # Read side by side (a batched run's partitions), each file is judged on its own and the
+    # process's warning filters are left alone.
+    write_image(tmp_path / "ok.png", np.zeros((20, 20), np.uint8))
+    filters = list(warnings.filters)
+
+    def outcome(name: str) -> str:
+        try:
+            return str(read_image(tmp_path / name).shape)
+        except InputError:
+            return "refused"
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(outcome, ["40.png", "ok.png"] * 50))
+    assert got == ["refused", "(20, 20)"] * 50
+    assert warnings.filters == filters
 
 
 def test_bad_spike_config_names_it(tmp_path):

@@ -11,7 +11,7 @@ from graph import sensor as sensor_of
 from test_benchmarks import bench_names
 
 from zarrfeed.formats import discover
-from zarrfeed.jobs import nightly, queue
+from zarrfeed.jobs import queue
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import LocalBackend, ZarrStore
 from zarrfeed.store.zarrstore import summarise
@@ -115,6 +115,7 @@ def test_record_summaries_read_only_new_and_changed_records(tmp_path):
 def test_the_discovery_sensor_releases_a_bounded_number_of_runs_per_tick(dagster_env, monkeypatch):
     _, resources, instance = dagster_env
     monkeypatch.setattr(queue, "PER_TICK", 3)
+    monkeypatch.setattr(queue, "BATCH", dg.BackfillPolicy.multi_run(1))  # a run per key
     sensor = sensor_of(resources, "ct_discovery")
     ctx = dg.build_sensor_context(instance=instance, resources=resources)
     first = sensor(ctx)
@@ -133,7 +134,8 @@ def test_the_discovery_sensor_releases_a_bounded_number_of_runs_per_tick(dagster
 
 def test_a_nightly_with_more_work_than_a_tick_queues_the_rest(dagster_env, monkeypatch):
     _, resources, instance = dagster_env
-    monkeypatch.setattr(nightly, "PER_TICK", 1)
+    monkeypatch.setattr(queue, "PER_TICK", 1)
+    monkeypatch.setattr(queue, "BATCH", dg.BackfillPolicy.multi_run(1))
     instance.add_dynamic_partitions("ct_scans", KEYS)
     resources["zarr_store"].catalog("ct").update(
         resources["raw"].origin, resources["raw"].scan(FAMILIES["ct"])
@@ -144,11 +146,55 @@ def test_a_nightly_with_more_work_than_a_tick_queues_the_rest(dagster_env, monke
         requests = schedule(resources, "ct_nightly")(ctx)
     assert list(requested(requests, KEYS)) == KEYS[:1]
     waiting = queue.BuildQueue(resources["zarr_store"].store().backend, "ct").load()
-    assert waiting == {k: "nightly 2026-11-22: ct_hu missing" for k in KEYS[1:]}
-    released = sensor_of(resources, "ct_discovery")(
-        dg.build_sensor_context(instance=instance, resources=resources)
-    )
-    assert list(requested(released.run_requests, KEYS)) == KEYS[1:]
+    assert waiting == dict.fromkeys(KEYS[1:], "ct_hu missing")
+    sensor = sensor_of(resources, "ct_discovery")
+    for key in KEYS[1:]:  # the sensor releases them, a tick's worth at a time
+        tick = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        assert list(requested(tick.run_requests, KEYS)) == [key]
+
+
+def test_a_tick_requests_a_bounded_number_of_runs_whatever_their_sizes(tmp_path, monkeypatch):
+    """Non-adjacent keys are a run each: the bound counts runs, and the runs in flight."""
+    monkeypatch.setattr(queue, "PER_TICK", 3)
+    monkeypatch.setattr(queue, "IN_FLIGHT", 5)
+    assert [queue.room(n) for n in (0, 2, 3, 5, 9)] == [3, 3, 2, 0, 0]
+    order = [f"k{i:02d}" for i in range(20)]
+    wanted = dict.fromkeys(order[::2], "new")  # no two adjacent: ten runs
+    wanted["gone"] = "new"  # no raw source: leaves the queue
+    build = queue.BuildQueue(LocalBackend(tmp_path / "s.zarr"), "ct")
+    with dg.instance_for_test() as instance:
+
+        def launch(n: int) -> None:
+            for _ in range(n):
+                run = dg.DagsterRun(job_name="ct_build", tags={"family": "ct"},
+                                    status=dg.DagsterRunStatus.STARTED)  # fmt: skip
+                instance.add_run(run)
+
+        runs = build.release(instance, wanted, [order], order)
+        assert runs == [[(k, "new")] for k in order[:6:2]]
+        assert list(build.load()) == order[6::2]
+        launch(3)  # three runs in flight: room for two more
+        assert [k for ((k, _),) in build.release(instance, {}, [order], order)] == order[6:10:2]
+        launch(2)
+        changed = dict.fromkeys(order[7:10], "changed")
+        assert build.release(instance, changed, [order], order) == []  # five in flight
+        assert list(build.load()) == [*order[10::2], *order[7:10]]
+    with dg.instance_for_test() as instance:  # consecutive keys share a run
+        runs = build.release(instance, {}, [order], order)
+        assert [[k for k, _ in run] for run in runs] == [order[7:11], ["k12"], ["k14"]]
+
+
+def test_a_run_never_spans_partitions_that_exist_and_those_the_tick_adds(dagster_env):
+    """A range is resolved in Dagster's order: the keys a tick adds come after every key
+    there, so a range over both could cover keys nobody asked for."""
+    _, resources, instance = dagster_env
+    instance.add_dynamic_partitions("ct_scans", [KEYS[0], KEYS[2]])
+    sensor = sensor_of(resources, "ct_discovery")
+    result = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+    order = [KEYS[0], KEYS[2], KEYS[1], KEYS[3]]  # what Dagster has once the tick is applied
+    assert result.dynamic_partitions_requests[0].partition_keys == [KEYS[1], KEYS[3]]
+    runs = [list(requested([r], order)) for r in result.run_requests]
+    assert sorted(map(sorted, runs)) == [sorted(KEYS[0::2]), sorted(KEYS[1::2])]
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -283,21 +283,22 @@ def materialize_partitions(
     keys = list(context.partition_keys)
     workers = in_flight(usable_cpus(), available_memory(), item_bytes(), len(keys))
     t0 = time.perf_counter()
-    done, errors = build_range(keys, build, workers)
+    done: dict[str, dict[dg.AssetKey, Built]] = {}
+    errors: dict[str, str] = {}
+    try:
+        build_range(keys, build, workers, done, errors)
+    except BaseException:
+        # Cancelled: the partitions not started never will be; those committed are recorded.
+        context.log.warning(f"interrupted: {len(done)} of {len(keys)} partitions finished")
+        yield from reported(context, assets, keys, done)
+        raise
     context.log.info(
         f"built {len(keys) - len(errors)} of {len(keys)} partitions, {workers} at once, in "
         f"{time.perf_counter() - t0:.1f} s"
     )
-    for asset in assets:
-        built = {k: done[k][asset] for k in keys if asset in done[k]}
-        log_partitions(
-            context,
-            asset,
-            {k: (b.metadata, b.data_version or "", b.checks) for k, b in built.items()},
-        )
-        if built:
-            yield logged(context, asset, {k: b.checks for k, b in built.items()})
+    yield from reported(context, assets, keys, done)
     if errors:
+        errors = {k: errors[k] for k in keys if k in errors}
         for key, error in errors.items():
             context.log.error(f"partition {key} failed: {error}")
         # Built partitions are committed and recorded; the failing ones are named so that a
@@ -309,12 +310,37 @@ def materialize_partitions(
         )
 
 
+def reported(
+    context: dg.AssetExecutionContext,
+    assets: list[dg.AssetKey],
+    keys: list[str],
+    done: Mapping[str, Mapping[dg.AssetKey, Built]],
+) -> Iterator[dg.MaterializeResult]:
+    """Each partition of ``done`` recorded as its own materialisation of each asset it built,
+    and the step's result for each asset that has any."""
+    for asset in assets:
+        built = {k: done[k][asset] for k in keys if k in done and asset in done[k]}
+        log_partitions(
+            context,
+            asset,
+            {k: (b.metadata, b.data_version or "", b.checks) for k, b in built.items()},
+        )
+        if built:
+            yield logged(context, asset, {k: b.checks for k, b in built.items()})
+
+
 def build_range(
-    keys: list[str], build: PartitionBuild, workers: int
-) -> tuple[dict[str, dict[dg.AssetKey, Built]], dict[str, str]]:
+    keys: list[str],
+    build: PartitionBuild,
+    workers: int,
+    done: dict[str, dict[dg.AssetKey, Built]],
+    errors: dict[str, str],
+) -> None:
     """Build ``keys`` on ``workers`` threads (the transforms, codecs and hashes release the
-    GIL): what each partition built, by asset, and why each failing one failed (a failure
-    stops that partition only)."""
+    GIL), filling ``done`` (what each finished partition built, by asset) and ``errors`` (why
+    each failing one failed: a failure stops that partition only) as they finish.  An
+    interrupt (a cancelled run) cancels the partitions not yet started and is raised again,
+    ``done`` holding those that finished."""
 
     def one(key: str) -> tuple[dict[dg.AssetKey, Built], str | None]:
         out: dict[dg.AssetKey, Built] = {}
@@ -327,8 +353,15 @@ def build_range(
             return out, "".join(traceback.format_exception(exc))
         return out, None
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="partition") as pool:
-        outcomes = dict(zip(keys, pool.map(one, keys), strict=True))
-    done = {k: out for k, (out, _) in outcomes.items()}
-    errors = {k: error for k, (_, error) in outcomes.items() if error is not None}
-    return done, errors
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="partition")
+    try:
+        futures = {pool.submit(one, key): key for key in keys}
+        for future in as_completed(futures):
+            out, error = future.result()
+            done[futures[future]] = out
+            if error is not None:
+                errors[futures[future]] = error
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()

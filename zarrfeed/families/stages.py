@@ -110,8 +110,18 @@ class Inputs:
         return self.catalog.record_hash(item, item_sha256(item, self.files(item))).sha256 or ""
 
     def source(self, key: str) -> tuple[RawItem, str, dict[str, Any]]:
-        """(item, content hash, fingerprint inputs) of a first-stage partition."""
+        """(item, content hash, fingerprint inputs) of a first-stage partition.  An item that
+        fails raw ingest's blocking check (judged again here, the same rule, so that no run
+        — batched or not — builds on it) fails naming its file."""
         item = self.item(key)
+        _, readable, facts = self.family.raw.describe(item)
+        if not readable:
+            check = self.family.raw.readable
+            raise InputError(
+                item.location,
+                f"an item that passes the {check.name!r} check ({check.description})",
+                ", ".join(f"{k} {v}" for k, v in facts.items()) or "one that fails it",
+            )
         sha = self.content_hash(item)
         return item, sha, {SOURCE: source_identity(item, sha)}
 

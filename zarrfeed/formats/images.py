@@ -9,7 +9,6 @@ the header, before the pixels are decoded.
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +49,15 @@ def read_image(path: str | Path) -> np.ndarray:
     try:
         if path.suffix.lower() in TIFF_SUFFIXES:
             return _read_tiff(path)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
-                return np.asarray(im)
+        # The limit is checked here from the header, not by turning Pillow's warning into an
+        # error: warning filters are process-wide, and partitions are read side by side.
+        with Image.open(path) as im:
+            width, height = im.size
+            _require_pixels(path, width * height, (height, width))
+            return np.asarray(im)
     except InputError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
         raise InputError(path, "at most PIL.Image.MAX_IMAGE_PIXELS pixels", str(exc)) from exc
     except (UnidentifiedImageError, tifffile.TiffFileError, OSError, ValueError) as exc:
         raise InputError(path, "a PNG, JPEG or TIFF image", f"an unreadable file ({exc})") from exc

@@ -49,18 +49,20 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
             changes = catalog.update(raw.origin, scan)
             report_skipped(context.log, catalog, raw.origin, family, scan.skipped)
             index = catalog.index()  # kept by update: no second read
-            known = set(context.instance.get_dynamic_partitions(partitions.name))
+            current = context.instance.get_dynamic_partitions(partitions.name)
+            known = set(current)
             # Every catalogued key is a partition, also when an earlier tick died after updating
             # the catalog; the nightly schedule builds whatever such a tick did not request.
             new = sorted(set(index) - known)
             added = dict.fromkeys(changes.new, "new raw item")
             added.update(dict.fromkeys(changes.changed, "raw item changed"))
+            # A run's range is resolved in Dagster's order of the partitions: the keys there
+            # now, then the keys this tick adds, appended in the order it adds them.  A range
+            # never spans the two, so it covers exactly the keys it was made of.
             released = BuildQueue(zarr_store.store().backend, family).release(
-                context.instance, dict(sorted(added.items()))
+                context.instance, dict(sorted(added.items())), [current, new], index
             )
-            order = [*context.instance.get_dynamic_partitions(partitions.name), *new]
-            present = [(k, why) for k, why in released if k in index]  # sources may have gone
-            requests = batched_requests(job.name, family, order, present, lambda k: index[k].stamp)
+            requests = batched_requests(job.name, family, released, lambda k: index[k].stamp)
             conflicted = sorted(k for k, item in index.items() if item.conflict)
             cursor = _digest(json.dumps(conflicted))  # the conflicts the manifest reflects
             if cursor != (context.cursor or _digest("[]")):

@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 
 from zarrfeed.families import Family
-from zarrfeed.jobs.queue import PER_TICK, BuildQueue
+from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.jobs.requests import batched_requests
 from zarrfeed.resources import ZarrStoreResource
 from zarrfeed.store.bulk import gc_paused
@@ -42,15 +42,17 @@ def nightly_schedule(declared: Family, job, settings: Mapping[str, Any]) -> dg.S
             index = zarr_store.catalog(family).index()
             reasons = declared.out_of_date(store, values, keys, index)
         when = context.scheduled_execution_time.strftime("%Y-%m-%d")
-        ordered = sorted(reasons.items())
-        now, later = ordered[:PER_TICK], ordered[PER_TICK:]
-        if later:  # the discovery sensor releases them as runs finish
-            queued = {k: f"nightly {when}: {why}" for k, why in later}
-            BuildQueue(store.backend, family).add(queued)
-            context.log.info(f"{len(later)} more {family} partitions wait in the build queue")
-        requests = batched_requests(job.name, family, keys, now, lambda k: when)
+        queue = BuildQueue(store.backend, family)
+        # What the runs in flight leave room for now; the discovery sensor releases the rest.
+        released = queue.release(context.instance, dict(sorted(reasons.items())), [keys], index)
+        requests = batched_requests(job.name, family, released, lambda k: when)
         if requests:
             return requests
+        if reasons:
+            return dg.SkipReason(
+                f"{len(reasons)} {family} partitions need a build: they wait in the build "
+                "queue for runs in flight to finish"
+            )
         orphans = sorted(k for k in keys if k not in index or index[k].conflict)
         if orphans:  # out_of_date cannot build these: never call them current
             return dg.SkipReason(
