@@ -12,11 +12,12 @@ from dagsterdev import start_dagster_dev, wait_for
 
 pytestmark = pytest.mark.slow
 RUNS_QUERY = """
-query Runs($tag: String!) {
-  runsOrError(filter: {tags: [{key: "dagster/partition", value: $tag}]}) {
+query Runs($key: String!, $value: String!) {
+  runsOrError(filter: {tags: [{key: $key, value: $value}]}) {
     ... on Runs { results { runId status jobName } }
   }
 }"""
+RANGE = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
 
 
 @pytest.fixture
@@ -41,8 +42,13 @@ def test_sensor_and_graphql_runs_succeed_against_dagster_dev(dagster_dev):
     client = DagsterGraphQLClient("127.0.0.1", port_number=port)
 
     def runs(key):
-        data = client._execute(RUNS_QUERY, {"tag": key})
-        return data["runsOrError"]["results"]
+        """The runs that build ``key``: its own, or a batched run whose range starts or ends
+        at it (the sensor requests new sets as ranges of consecutive partitions)."""
+        found = []
+        for tag in ("dagster/partition", *RANGE):
+            data = client._execute(RUNS_QUERY, {"key": tag, "value": key})
+            found += data["runsOrError"]["results"]
+        return found
 
     # 1. No click: the discovery sensor adds both sets and launches their runs.
     for key in ("inspection_test", "inspection_train"):
