@@ -11,7 +11,7 @@ partition (which, at 50,000 partitions of four assets, is where the time of a ma
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -137,25 +137,37 @@ class Rows:
     def _asset(self, asset: str, url: str, count: int) -> dict[str, Any]:
         """One asset's part of the manifest (its partitions added by :meth:`manifest`)."""
         tally = self.tallies[asset]
-        raw = sum(t["nbytes"] for t in tally["arrays"].values())
-        stored = tally["stored"]
-        return {
-            "asset": asset,
-            "store": url,
-            "zarrfeed_version": zarrfeed.__version__,
-            "total_partitions": count,
-            "total_stored_bytes": stored,
-            "total_nbytes": raw,
-            "compression_ratio": raw / stored if stored else None,
-            "arrays": {
-                name: {
-                    "dtypes": sorted(t["dtypes"]),
-                    "shapes": sorted([int(n) for n in s.split(",")] for s in t["shapes"]),
-                    "nbytes": t["nbytes"],
-                }
-                for name, t in sorted(tally["arrays"].items())
-            },
+        arrays = {
+            name: (t["dtypes"], [[int(n) for n in s.split(",")] for s in t["shapes"]], t["nbytes"])
+            for name, t in tally["arrays"].items()
         }
+        return asset_summary(asset, url, count, tally["stored"], arrays)
+
+
+def asset_summary(
+    asset: str,
+    url: str,
+    count: int,
+    stored: int,
+    arrays: dict[str, tuple[Iterable[str], Iterable[list[int]], int]],
+) -> dict[str, Any]:
+    """One asset's totals in a manifest: ``count`` partitions holding ``stored`` bytes, and
+    per array name its dtypes, shapes and decoded bytes (the same fields whether the manifest
+    is joined from rows or built from every record)."""
+    raw = sum(nbytes for _, _, nbytes in arrays.values())
+    return {
+        "asset": asset,
+        "store": url,
+        "zarrfeed_version": zarrfeed.__version__,
+        "total_partitions": count,
+        "total_stored_bytes": stored,
+        "total_nbytes": raw,
+        "compression_ratio": raw / stored if stored else None,
+        "arrays": {
+            name: {"dtypes": sorted(dtypes), "shapes": sorted(shapes), "nbytes": nbytes}
+            for name, (dtypes, shapes, nbytes) in sorted(arrays.items())
+        },
+    }
 
 
 def _shape(shape: list[int]) -> str:

@@ -50,7 +50,7 @@ from zarrfeed.store.contract import failed_checks
 from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
-from zarrfeed.store.rows import Rows
+from zarrfeed.store.rows import Rows, asset_summary
 
 LAYOUT = 2
 # Change-log hours kept: a reader whose last look is older scans in full.
@@ -816,23 +816,11 @@ def _manifest(
             entry["shapes"].add(tuple(a["shape"]))
             entry["nbytes"] += a["nbytes"]
     stored = sum(r["stored_bytes"] for r in records)
-    raw = sum(a["nbytes"] for r in records for a in r["arrays"].values())
+    totals = {
+        n: (e["dtypes"], [list(s) for s in e["shapes"]], e["nbytes"]) for n, e in arrays.items()
+    }
     return {
-        "asset": asset,
-        "store": url,
-        "zarrfeed_version": zarrfeed.__version__,
-        "total_partitions": len(records),
-        "total_stored_bytes": stored,
-        "total_nbytes": raw,
-        "compression_ratio": raw / stored if stored else None,
-        "arrays": {
-            name: {
-                "dtypes": sorted(e["dtypes"]),
-                "shapes": sorted(list(s) for s in e["shapes"]),
-                "nbytes": e["nbytes"],
-            }
-            for name, e in sorted(arrays.items())
-        },
+        **asset_summary(asset, url, len(records), stored, totals),
         "partitions": [_entry(r, provenance=True) for r in records],
         **extra,
     }
