@@ -1,7 +1,15 @@
 """The README's main command, ``zarrfeed demo``, on the sample data plus the CT sources and
 faults of issue 13; ``dg launch`` against the instance it leaves behind (no retraining when no
-data changed); and ``dg dev`` on that instance training a model, with no click, after a new
-raw image set appears."""
+data changed); then one ``dg dev`` on that instance, started once a new raw image set has
+appeared: a person in a real browser (headless Debian Chromium driven by Playwright)
+materialises a ``ct_windows`` partition from the UI and sees its preview (three oriented views
+per window, at least 256 px each), each scan's check result on its own, ``ct_hu``'s spacing,
+shape and HU percentiles and the demo's runs re-executable as the UI's own, while the daemon
+trains a model on the new set with no click.  Screenshots are saved for a person to look at
+(CI keeps ``screenshots/``).
+
+The tests share the instance and run in this order, on one worker (pytest-xdist distributes
+by file): the ones before ``dg dev`` count runs and partitions that its daemon would add to."""
 
 import contextlib
 import os
@@ -29,6 +37,11 @@ FAULTS = {  # key -> the file its one-line failure names
 }
 SOURCES = ["ct-sources_dicom_patient_1_CT", "scaled_1", "volume_1"]
 SUPERSEDED = re.compile(r"(Deprecation|Supersession)Warning")  # what the documented commands avoid
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(os.environ.get("ZARRFEED_SCREENSHOTS", Path(__file__).parents[1] / "screenshots"))
+KEY = "train_1_a_1"
+VIEW_PX = 256  # a preview's view, at least, on its longer side
+MODEL = dg.AssetKey("defect_segmentation_model")
 
 
 def instance_at(home: str):
@@ -43,7 +56,8 @@ def test_demo_summary_tells_each_failure_in_one_line(demo):
     _, env, out = demo
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # three bad items
     assert out.stderr == "", out.stderr[-2000:]  # Dagster's logs went to the log file
-    assert "16/19 runs succeeded" in out.stdout
+    ran = re.search(r"^(\d+)/(\d+) runs succeeded", out.stdout, re.M)
+    assert ran and int(ran[2]) - int(ran[1]) == len(FAULTS), out.stdout[-3000:]  # theirs alone
     assert "DEBUG" not in out.stdout and "DagsterExecutionStepExecutionError" not in out.stdout
     table = out.stdout.partition("ct all_air failed")[0]
     assert re.search(r"^ct\s+all_air\s+NO", table, re.M)
@@ -109,29 +123,182 @@ def test_dg_launch_materialises_a_partition_and_unchanged_data_retrains_nothing(
         assert requested == set(), requested
 
 
-def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo):
+@pytest.fixture(scope="module")
+def dev(demo):
+    """One ``dg dev`` (webserver and daemon) on the demo's instance for every test below,
+    started once a new raw inspection set has appeared: (port, its log, the run id of the
+    model's latest materialisation before)."""
     tmp, env, _ = demo
-    model = dg.AssetKey("defect_segmentation_model")
     with instance_at(env["DAGSTER_HOME"]) as instance:
-        before = instance.get_latest_materialization_event(model).run_id
-    with start_dagster_dev(env, tmp / "dagster_dev.log"):
-        # a new inspection set: discovery → images_build → images_dataset → the model
-        raw = Path(env["ZARRFEED_RAW"]) / "inspection"
-        shutil.copytree(raw / "test", raw / "extra")
+        before = instance.get_latest_materialization_event(MODEL).run_id
+    # a new inspection set: discovery → images_build → images_dataset → the model
+    raw = Path(env["ZARRFEED_RAW"]) / "inspection"
+    shutil.copytree(raw / "test", raw / "extra")
+    log = tmp / "dagster_dev.log"
+    with start_dagster_dev(env, log) as port:
+        yield port, log, before
 
-        def retrained():
-            with instance_at(env["DAGSTER_HOME"]) as instance:
-                event = instance.get_latest_materialization_event(model)
-                if event.run_id != before and instance.get_run_by_id(event.run_id).is_finished:
-                    return event
-                return None
 
-        log = (tmp / "dagster_dev.log").read_text
-        try:
-            event = wait_for(retrained, 420, "defect_segmentation_model to be retrained")
-        except AssertionError:
-            raise AssertionError(log()[-4000:]) from None
-        assert not SUPERSEDED.search(log()), log()[-4000:]
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: setup.sh installs it (apt-get install chromium)")
+        pytest.skip(f"{CHROMIUM} is missing: sudo apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def ui(dev, browser):
+    """(base URL, page): the module's ``dg dev`` in one browser page."""
+    port, _, _ = dev
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(60_000)
+    dismiss = page.get_by_role("button", name="Skip")  # the first-visit newsletter dialog
+    page.add_locator_handler(page.get_by_text("Join the Dagster community"), dismiss.click)
+    yield f"http://127.0.0.1:{port}", page
+    page.close()
+
+
+@pytest.mark.browser
+def test_materialise_a_ct_windows_partition_from_the_ui_and_see_its_preview(ui):
+    url, page = ui
+    page.goto(f"{url}/assets", wait_until="networkidle")
+    page.locator(".CodeMirror").first.click()  # the catalog's search box
+    page.keyboard.type("ct_windows")
+    page.keyboard.press("Enter")
+    page.keyboard.press("Escape")
+    link = page.locator('a[href="/assets/ct_windows"]').first
+    link.wait_for()
+    page.screenshot(path=SHOTS / "1_catalog_search.png")
+    link.dispatch_event("click")  # the search suggestions' popper overlaps the row
+    page.wait_for_url("**/assets/ct_windows")
+
+    page.get_by_role("button", name="Materialize…").click()
+    page.locator(".dagster-dialog").get_by_text("Select a partition or create one").click()
+    page.keyboard.type(KEY)
+    page.locator(".dagster-popover").locator("span", has_text=KEY).first.click()
+    page.keyboard.press("Escape")
+    page.screenshot(path=SHOTS / "2_materialize_dialog.png")
+    page.get_by_role("button", name="Launch 1 run").click()
+
+    page.get_by_role("link", name="View", exact=True).click()  # the "Launched run" toast
+    page.wait_for_url("**/runs/**")
+    page.get_by_text("Success", exact=True).first.wait_for(timeout=300_000)
+    page.screenshot(path=SHOTS / "3_run_succeeded.png")
+
+    page.goto(f"{url}/assets/ct_windows", wait_until="networkidle")
+    latest = page.get_by_text("Latest materialization").locator("..")
+    latest.get_by_text(KEY).wait_for()
+    width, height, alt, dialog_text = open_preview(page, "4_preview.png")
+    assert width >= 3 * VIEW_PX and height >= 3 * VIEW_PX // 2, (width, height)
+    assert all(w in alt for w in ("lung", "mediastinum", "bone")) and KEY in alt, alt
+    assert KEY in dialog_text
+    page.keyboard.press("Escape")
+
+
+def open_preview(page, shot: str) -> tuple[int, int, str, str]:
+    """Open the latest materialisation's preview; (width, height, alt, dialog text)."""
+    row = page.locator("tr", has=page.get_by_text("preview", exact=True))
+    row.get_by_text("[Show Markdown]").first.click()
+    image = page.locator(".dagster-dialog img").first
+    image.wait_for()
+    page.wait_for_function(
+        "img => img.complete && img.naturalWidth > 0", arg=image.element_handle()
+    )
+    page.screenshot(path=SHOTS / shot)
+    width, height = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+    return width, height, image.get_attribute("alt"), page.locator(".dagster-dialog").inner_text()
+
+
+@pytest.mark.browser
+def test_a_check_reports_each_scan_on_its_own(ui):
+    url, page = ui
+    page.goto(f"{url}/assets/ct_windows?view=checks", wait_until="networkidle")
+    page.get_by_text("Partitions", exact=True).last.click()  # the check's own partitions
+    passed = page.get_by_text(re.compile(r"^Passed \(\d+\)$")).first
+    passed.wait_for()
+    assert int(re.search(r"\d+", passed.inner_text()).group()) >= 7  # the demo's good scans
+    page.get_by_text(KEY, exact=True).first.click()  # one scan: its own result and metadata
+    page.get_by_text("out_of_range", exact=True).first.wait_for()
+    page.screenshot(path=SHOTS / "5_check_per_partition.png")
+    detail = page.locator("body").inner_text()
+    assert re.search(rf"{KEY}\s+Passed\s+Latest execution", detail), detail[-2000:]
+    assert re.search(r"out_of_range\s+none", detail) and "{}" not in detail  # no empty JSON
+
+
+@pytest.mark.browser
+def test_ct_hu_shows_spacing_shape_percentiles_and_an_oriented_preview(ui):
+    url, page = ui
+    page.goto(f"{url}/assets/ct_hu", wait_until="networkidle")
+    for label in ("spacing_zyx_mm", "shape_zyx", "orientation_zyx", "hu_percentiles"):
+        page.get_by_text(label, exact=True).first.wait_for()
+    text = page.locator("body").inner_text()
+    assert re.search(r"p50\s+-?\d+", text) and "SAR" in text, text[-3000:]
+    page.get_by_text("hu_percentiles", exact=True).first.scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "6_ct_hu_metadata.png")
+    width, height, alt, _ = open_preview(page, "7_ct_hu_preview.png")
+    assert width >= 3 * VIEW_PX and height >= VIEW_PX // 2 and "lung window" in alt
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("job", ["ct_build", "train"])
+def test_a_demo_run_re_executes_as_the_uis_own(ui, demo, job):
+    """No warning that the run was loaded from a different code location (or another
+    version of its job): the demo's build runs and its training runs (an asset subset)."""
+    url, page = ui
+    _, env, _ = demo
+    with instance_at(env["DAGSTER_HOME"]) as instance:
+        [run] = [r for r in instance.get_runs() if r.job_name == job and r.is_success][-1:]
+    page.goto(f"{url}/runs/{run.run_id}", wait_until="networkidle")
+    button = page.get_by_role("button", name=re.compile("Re-execute"))
+    button.first.wait_for()
+    button.first.hover()
+    page.wait_for_timeout(1000)  # a warning shows as an icon and a tooltip on hover
+    page.screenshot(path=SHOTS / f"8_reexecute_{job}.png")
+    assert button.first.is_enabled()
+    assert page.locator('button [aria-label="warning"]').count() == 0
+    body = page.locator("body").inner_text()
+    assert "different code location" not in body and "may be different" not in body
+
+
+@pytest.mark.browser
+def test_the_classifier_page_shows_per_finding_auroc(ui):
+    url, page = ui
+    page.goto(f"{url}/assets/ct_classifier_model", wait_until="networkidle")
+    label = page.get_by_text(re.compile(r"^\s*auroc_per_finding\s*$")).first
+    label.wait_for()
+    row = page.locator("tr", has=label).first
+    text = row.inner_text()
+    page.screenshot(path=SHOTS / "9_model_auroc.png", full_page=True)
+    assert "Lung nodule" in text, text  # one row per finding, named
+    scores = [float(s) for s in re.findall(r"\b[01](?:\.\d+)?\b", text)]
+    assert len(scores) >= 2 and all(0 <= s <= 1 for s in scores), text
+
+
+def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo, dev):
+    _, env, _ = demo
+    _, log, before = dev
+
+    def retrained():
+        with instance_at(env["DAGSTER_HOME"]) as instance:
+            event = instance.get_latest_materialization_event(MODEL)
+            if event.run_id != before and instance.get_run_by_id(event.run_id).is_finished:
+                return event
+            return None
+
+    try:
+        event = wait_for(retrained, 420, "defect_segmentation_model to be retrained")
+    except AssertionError:
+        raise AssertionError(log.read_text()[-4000:]) from None
+    assert not SUPERSEDED.search(log.read_text()), log.read_text()[-4000:]
     with instance_at(env["DAGSTER_HOME"]) as instance:
         run = instance.get_run_by_id(event.run_id)
         assert run.is_success and run.tags.get("dagster/from_automation_condition") == "true"
