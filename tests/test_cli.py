@@ -1,6 +1,6 @@
 """The ``zarrfeed`` command as a person uses it: its help, the common mistakes, ``inspect``,
-``verify`` and ``status`` (plain text when piped, ``--json`` for scripts), and a typo
-partition made in the UI — failing in one line, reported, and removed with one command."""
+``verify`` and ``status`` (plain text when piped, ``--json`` for scripts).  Its commands on
+the demo's instance are tested in test_demo.py, which has that instance."""
 
 import json
 import os
@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 BIN = Path(sys.executable).parent
 
@@ -46,71 +45,6 @@ def test_sample_data_never_overwrites_and_names_a_file(tmp_path):
     (tmp_path / "a_file").write_text("x")
     out = zarrfeed("sample-data", tmp_path / "a_file")
     assert out.returncode == 2 and "is a file" in out.stderr and "Traceback" not in out.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # the session's demo build counts against the first user
-def test_inspect_and_status_read_the_demo(demo, tmp_path):
-    _, env, _ = demo
-    out = zarrfeed("inspect", env=env)  # piped: plain text
-    assert out.returncode == 0 and "\x1b[" not in out.stdout
-    assert any(
-        ln.split()[:3] == ["ct_windows", "ct/windows", "7"] for ln in out.stdout.splitlines()
-    )
-    tty = subprocess.run(  # in a terminal: a rich table
-        ["script", "-qec", f"{BIN / 'zarrfeed'} inspect", "/dev/null"],
-        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert "┏" in tty.stdout and "ct_windows" in tty.stdout, tty.stdout[-2000:]
-    rows = json.loads(zarrfeed("inspect", "ct_windows", "--json", env=env).stdout)
-    assert {r["key"] for r in rows} >= {"train_1_a_1", "volume_1"}
-    one = zarrfeed("inspect", "ct_windows", "train_1_a_1", "--previews", tmp_path, env=env)
-    assert one.returncode == 0, one.stderr
-    assert "blosc" in one.stdout and "source:" in one.stdout and "window_range ok" in one.stdout
-    with Image.open(tmp_path / "ct_windows_train_1_a_1.png") as png:  # 3 windows × 3 views
-        assert png.width > 3 * 128 and png.height > 3 * 128
-    wrong = zarrfeed("inspect", "ct_window", env=env)
-    assert wrong.returncode == 2 and "ct_windows" in wrong.stderr  # names what exists
-
-    status = zarrfeed("status", env=env)
-    assert status.returncode == 1  # the demo's three bad items
-    lines = status.stdout.splitlines()
-    failed = {ln.split()[2]: ln for ln in lines if ln.split()[1:2] == ["failed"]}
-    assert "all_air.nii.gz" in failed["all_air"] and "hostile.nii" in failed["hostile"]
-    assert any(ln.split()[1:3] == ["conflict", "twin_scan"] for ln in lines)
-    report = json.loads(zarrfeed("status", "--json", env=env).stdout)
-    assert {f["family"] for f in report["families"]} == {"ct", "spike", "images"}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_a_typo_partition_fails_in_one_line_is_reported_and_removed(demo):
-    tmp, env, _ = demo
-    from test_demo import instance_at
-
-    with instance_at(env["DAGSTER_HOME"]) as instance:
-        instance.add_dynamic_partitions("ct_scans", ["train_9_z_9"])  # the UI's "Add a partition"
-    cmd = [BIN / "dg", "launch", "-m", "zarrfeed.definitions", "--job", "ct_build",
-           "--partition", "train_9_z_9"]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp)
-    assert run.returncode != 0
-    assert "no raw ct item 'train_9_z_9'" in run.stderr
-    assert "zarrfeed partitions remove ct train_9_z_9" in run.stderr
-
-    status = zarrfeed("status", env=env).stdout
-    [line] = [ln for ln in status.splitlines() if "train_9_z_9" in ln]
-    assert "zarrfeed partitions remove ct train_9_z_9" in line
-
-    asked = zarrfeed("partitions", "remove", "ct", "train_9_z_9", env=env)
-    assert asked.returncode == 2 and "--yes" in asked.stderr  # no terminal to ask on
-    done = zarrfeed("partitions", "remove", "ct", "train_9_z_9", "--yes", env=env)
-    assert done.returncode == 0, done.stderr
-    with instance_at(env["DAGSTER_HOME"]) as instance:
-        assert "train_9_z_9" not in instance.get_dynamic_partitions("ct_scans")
-    again = zarrfeed("partitions", "remove", "ct", "train_9_z_9", "--yes", env=env)
-    assert again.returncode == 2 and "no ct partition 'train_9_z_9'" in again.stderr
-    kept = zarrfeed("partitions", "remove", "ct", "train_1_a_1", "--yes", env=env)
-    assert kept.returncode == 2 and "has a raw source" in kept.stderr
 
 
 @pytest.mark.slow

@@ -1,17 +1,19 @@
 """The README's main command, ``zarrfeed demo``, on the sample data plus the CT sources and
 faults of issue 13; ``dg launch`` against the instance it leaves behind (no retraining when no
-data changed); then one ``dg dev`` on that instance, started once a new raw image set has
-appeared: a person in a real browser (headless Debian Chromium driven by Playwright)
-materialises a ``ct_windows`` partition from the UI and sees its preview (three oriented views
-per window, at least 256 px each), each scan's check result on its own, ``ct_hu``'s spacing,
-shape and HU percentiles and the demo's runs re-executable as the UI's own, while the daemon
-trains a model on the new set with no click.  Screenshots are saved for a person to look at
-(CI keeps ``screenshots/``).
+data changed); ``zarrfeed inspect`` and ``status`` reading it, and a typo partition made in
+the UI failing in one line, reported, and removed with one command; then one ``dg dev`` on
+that instance, started once a new raw image set has appeared: a person in a real browser
+(headless Debian Chromium driven by Playwright) materialises a ``ct_windows`` partition from
+the UI and sees its preview (three oriented views per window, at least 256 px each), each
+scan's check result on its own, ``ct_hu``'s spacing, shape and HU percentiles and the demo's
+runs re-executable as the UI's own, while the daemon trains a model on the new set with no
+click.  Screenshots are saved for a person to look at (CI keeps ``screenshots/``).
 
 The tests share the instance and run in this order, on one worker (pytest-xdist distributes
 by file): the ones before ``dg dev`` count runs and partitions that its daemon would add to."""
 
 import contextlib
+import json
 import os
 import pty
 import re
@@ -26,6 +28,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from dagsterdev import start_dagster_dev, wait_for
+from PIL import Image
+from test_cli import zarrfeed
 
 # The session's demo build (~3 min on 2 cores) counts against the first test that uses it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -121,6 +125,65 @@ def test_dg_launch_materialises_a_partition_and_unchanged_data_retrains_nothing(
         requested = {k for k in defs.resolve_asset_graph().get_all_asset_keys()
                      if after.get_num_requested(k)}  # fmt: skip
         assert requested == set(), requested
+
+
+def test_inspect_and_status_read_the_demo(demo, tmp_path):
+    _, env, _ = demo
+    out = zarrfeed("inspect", env=env)  # piped: plain text
+    assert out.returncode == 0 and "\x1b[" not in out.stdout
+    assert any(
+        ln.split()[:3] == ["ct_windows", "ct/windows", "7"] for ln in out.stdout.splitlines()
+    )
+    tty = subprocess.run(  # in a terminal: a rich table
+        ["script", "-qec", f"{BIN / 'zarrfeed'} inspect", "/dev/null"],
+        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert "┏" in tty.stdout and "ct_windows" in tty.stdout, tty.stdout[-2000:]
+    rows = json.loads(zarrfeed("inspect", "ct_windows", "--json", env=env).stdout)
+    assert {r["key"] for r in rows} >= {"train_1_a_1", "volume_1"}
+    one = zarrfeed("inspect", "ct_windows", "train_1_a_1", "--previews", tmp_path, env=env)
+    assert one.returncode == 0, one.stderr
+    assert "blosc" in one.stdout and "source:" in one.stdout and "window_range ok" in one.stdout
+    with Image.open(tmp_path / "ct_windows_train_1_a_1.png") as png:  # 3 windows × 3 views
+        assert png.width > 3 * 128 and png.height > 3 * 128
+    wrong = zarrfeed("inspect", "ct_window", env=env)
+    assert wrong.returncode == 2 and "ct_windows" in wrong.stderr  # names what exists
+
+    status = zarrfeed("status", env=env)
+    assert status.returncode == 1  # the demo's three bad items
+    lines = status.stdout.splitlines()
+    failed = {ln.split()[2]: ln for ln in lines if ln.split()[1:2] == ["failed"]}
+    assert "all_air.nii.gz" in failed["all_air"] and "hostile.nii" in failed["hostile"]
+    assert any(ln.split()[1:3] == ["conflict", "twin_scan"] for ln in lines)
+    report = json.loads(zarrfeed("status", "--json", env=env).stdout)
+    assert {f["family"] for f in report["families"]} == {"ct", "spike", "images"}
+
+
+def test_a_typo_partition_fails_in_one_line_is_reported_and_removed(demo):
+    tmp, env, _ = demo
+    with instance_at(env["DAGSTER_HOME"]) as instance:
+        instance.add_dynamic_partitions("ct_scans", ["train_9_z_9"])  # the UI's "Add a partition"
+    cmd = [BIN / "dg", "launch", "-m", "zarrfeed.definitions", "--job", "ct_build",
+           "--partition", "train_9_z_9"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp)
+    assert run.returncode != 0
+    assert "no raw ct item 'train_9_z_9'" in run.stderr
+    assert "zarrfeed partitions remove ct train_9_z_9" in run.stderr
+
+    status = zarrfeed("status", env=env).stdout
+    [line] = [ln for ln in status.splitlines() if "train_9_z_9" in ln]
+    assert "zarrfeed partitions remove ct train_9_z_9" in line
+
+    asked = zarrfeed("partitions", "remove", "ct", "train_9_z_9", env=env)
+    assert asked.returncode == 2 and "--yes" in asked.stderr  # no terminal to ask on
+    done = zarrfeed("partitions", "remove", "ct", "train_9_z_9", "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    with instance_at(env["DAGSTER_HOME"]) as instance:
+        assert "train_9_z_9" not in instance.get_dynamic_partitions("ct_scans")
+    again = zarrfeed("partitions", "remove", "ct", "train_9_z_9", "--yes", env=env)
+    assert again.returncode == 2 and "no ct partition 'train_9_z_9'" in again.stderr
+    kept = zarrfeed("partitions", "remove", "ct", "train_1_a_1", "--yes", env=env)
+    assert kept.returncode == 2 and "has a raw source" in kept.stderr
 
 
 @pytest.fixture(scope="module")
