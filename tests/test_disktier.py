@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -96,14 +97,30 @@ def test_a_hit_refreshes_an_entry_so_eviction_takes_the_others(tmp_path):
     assert tier.get(f"{0:032x}") is not None and tier.get(f"{1:032x}") is None
 
 
+def test_clear_leaves_no_entry_still_on_its_way_to_the_disk(tmp_path, monkeypatch):
+    tier, key = DiskTier(tmp_path / "tier", 10**9), "cd" * 16
+    gate, write = threading.Event(), tier.put
+    monkeypatch.setattr(tier, "put", lambda k, payload: gate.wait(10) and write(k, payload))
+    tier.put_many([(key, b"p" * 1000)])
+    assert tier.get(key) == b"p" * 1000  # served from memory until its file is in place
+    clearing = threading.Thread(target=tier.clear)
+    clearing.start()
+    clearing.join(0.2)
+    assert clearing.is_alive()  # waits for the write on its way
+    gate.set()
+    clearing.join(10)
+    tier.flush()
+    assert tier.get(key) is None and tier.held_bytes() == 0
+
+
 KILLED_WRITER = textwrap.dedent(
     """
     import os, sys, time
     from zarrfeed.store.disktier import DiskTier
-    def stall(fd):  # the data is in the temporary file; the writer dies before the rename
+    def stall(*args):  # the data is in the temporary file; the writer dies before the rename
         print("writing", flush=True)
         time.sleep(60)
-    os.fsync = stall
+    os.replace = stall
     DiskTier(sys.argv[1], 10**9).put(sys.argv[2], b"z" * 5_000_000)
     """
 )
