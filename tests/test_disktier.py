@@ -200,6 +200,21 @@ def test_a_second_epoch_reads_nothing_from_the_bucket(weed, tier_env, monkeypatc
         cache.close()
 
 
+def test_a_read_ahead_fetches_only_what_the_tier_lacks_and_the_decode_then_gets_nothing(
+    weed, tier_env, monkeypatch
+):
+    store = s3_store(weed)
+    data = commit(store, "ahead", 0.5)
+    array = store.chunked(ASSET, "ahead", "lung")
+    got = counting_gets(store, monkeypatch)
+    assert array.warm([(0, 0, 0), (0, 0, 1)]) == 2
+    assert array.warm([(0, 0, 0), (0, 0, 1), (1, 1, 1)]) == 1  # two held already
+    assert len(got) == 3
+    np.testing.assert_array_equal(array.read((slice(0, 16), slice(0, 16), slice(0, 32))),
+                                  data[:16, :16, :32])  # fmt: skip
+    assert len(got) == 3  # every chunk it needed came from the tier
+
+
 def test_the_cache_command_lists_and_clears_the_tier(tier_env, capsys):
     from zarrfeed.cli import main
 

@@ -122,6 +122,10 @@ class DiskTier:
         self.hits += 1
         return payload
 
+    def holds(self, key: str) -> bool:
+        """Whether the entry is here or on its way (not verified: :meth:`get` does that)."""
+        return key in self._pending or self._path(key).exists()
+
     def get_many(self, keys: Sequence[str], threads: int = 8) -> list[bytes | memoryview | None]:
         """Many entries at once (None where missing), read in ``threads`` threads."""
         if len(keys) <= 1 or threads <= 1:

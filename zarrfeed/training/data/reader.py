@@ -418,6 +418,7 @@ class CachedArrays:
             return
         if keep is not None:
             self.arena.touch([p.key for p in self._units(keep)])
+        self._read_ahead(self._units(ids), wanted)
         for start in range(0, len(ids), PREFETCH_BATCH):
             if not wanted():
                 return
@@ -425,6 +426,24 @@ class CachedArrays:
             missing = [p for p in units if not self.arena.holds(p.key)]
             if missing:
                 self._fetch(missing, wait=False)
+
+    def _read_ahead(self, units: Sequence[_Piece], wanted: Callable[[], bool]) -> None:
+        """From an object store, fetch the chunks of ``units`` not resident into the disk
+        tier first, one concurrent read per array (what decoding them a few at a time
+        would fetch in as many round trips); local stores and tier-less ones skip it."""
+        if self.store.local or self.store.tier is None:
+            return
+        by_array: dict[tuple[str, int, str], list[_Piece]] = {}
+        for p in units:
+            if not self.arena.holds(p.key):
+                by_array.setdefault((p.asset, p.item, p.name), []).append(p)
+        for (asset, item, name), pieces in by_array.items():
+            if not wanted():
+                return
+            data = self.chunked(asset, item, name)
+            if data.layout is not None:
+                coords = {c for p in pieces for c in data.layout.chunks_of(p.region)}
+                data.warm(sorted(coords))
 
     def resident(self, ids: np.ndarray) -> np.ndarray:
         """Whether each unit is in the arena (or being decoded into it) right now."""
