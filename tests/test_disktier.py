@@ -215,6 +215,25 @@ def test_a_read_ahead_fetches_only_what_the_tier_lacks_and_the_decode_then_gets_
     assert len(got) == 3  # every chunk it needed came from the tier
 
 
+def test_reading_a_block_ahead_fills_the_tier_not_the_arena(weed, tier_env, monkeypatch):
+    store = s3_store(weed)
+    data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
+    partitions = store.build_manifest(ASSET)["partitions"]
+    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    assert cache.arena is not None  # out of core: units are the stored chunks
+    try:
+        ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))  # scan_1's 8 units
+        got = counting_gets(cache.store, monkeypatch)
+        cache.read_ahead(ahead)
+        assert len(got) == 8 and not cache.resident(ahead).any()  # fetched, not decoded
+        cache.read_ahead(ahead)
+        assert len(got) == 8  # held already: nothing fetched again
+        np.testing.assert_array_equal(cache.array(ASSET, 1, "lung"), data["scan_1"])
+        assert len(got) == 8  # decoded from the tier
+    finally:
+        cache.close()
+
+
 def test_the_cache_command_lists_and_clears_the_tier(tier_env, capsys):
     from zarrfeed.cli import main
 

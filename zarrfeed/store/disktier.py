@@ -98,15 +98,17 @@ class DiskTier:
     # reading ---------------------------------------------------------------------------------
     def get(self, key: str) -> bytes | memoryview | None:
         """The payload of an entry, or None (absent, or torn/corrupt: then removed)."""
+        # Pending first: looked at after a missing file, an entry could have been renamed
+        # into place and left the pending ones in between, and been fetched again.
+        found = self._pending.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
         path = self._path(key)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            found = self._pending.get(key)
-            if found is not None:
-                self.hits += 1
-                return found
             self.misses += 1
             return None
         payload = _verified(data)

@@ -418,7 +418,7 @@ class CachedArrays:
             return
         if keep is not None:
             self.arena.touch([p.key for p in self._units(keep)])
-        self._read_ahead(self._units(ids), wanted)
+        self.read_ahead(ids, wanted)
         for start in range(0, len(ids), PREFETCH_BATCH):
             if not wanted():
                 return
@@ -427,14 +427,15 @@ class CachedArrays:
             if missing:
                 self._fetch(missing, wait=False)
 
-    def _read_ahead(self, units: Sequence[_Piece], wanted: Callable[[], bool]) -> None:
-        """From an object store, fetch the chunks of ``units`` not resident into the disk
-        tier first, one concurrent read per array (what decoding them a few at a time
-        would fetch in as many round trips); local stores and tier-less ones skip it."""
-        if self.store.local or self.store.tier is None:
+    def read_ahead(self, ids: np.ndarray, wanted: Callable[[], bool] = lambda: True) -> None:
+        """From an object store, fetch the chunks of units ``ids`` not resident into the
+        disk tier, one concurrent read per array, without decoding them or touching the
+        arena (what decoding them a few at a time would fetch in as many round trips); the
+        block sampler calls it a whole block ahead.  Local stores and tier-less ones skip it."""
+        if self.arena is None or self.store.local or self.store.tier is None:
             return
         by_array: dict[tuple[str, int, str], list[_Piece]] = {}
-        for p in units:
+        for p in self._units(ids):
             if not self.arena.holds(p.key):
                 by_array.setdefault((p.asset, p.item, p.name), []).append(p)
         for (asset, item, name), pieces in by_array.items():
