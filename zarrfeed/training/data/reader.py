@@ -418,7 +418,6 @@ class CachedArrays:
             return
         if keep is not None:
             self.arena.touch([p.key for p in self._units(keep)])
-        self.read_ahead(ids, wanted)
         for start in range(0, len(ids), PREFETCH_BATCH):
             if not wanted():
                 return
