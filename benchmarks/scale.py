@@ -306,6 +306,7 @@ def s3_vs_local(work: Path, quick: bool) -> None:
         for a, k in parts
     }  # fmt: skip
     nbytes = sum(x.nbytes for _, arrays in data.values() for x in arrays.values())
+    stored = sum(record["stored_bytes"] for record, _ in data.values())
 
     def commit(store: ZarrStore) -> None:
         for (asset, key), (record, arrays) in data.items():
@@ -343,8 +344,8 @@ def s3_vs_local(work: Path, quick: bool) -> None:
               f"zarrfeed read speed (ZarrStore.read_array of {len(arrays)} arrays, 8 at a "
               f"time: commit record, array metadata, chunks from the bucket into the emptied "
               f"disk tier, Blosc decode of {nbytes / 1e6:.0f} MB) / plain concurrent GETs of "
-              f"the same {len(chunks)} objects of the versions, no decode (one s3fs cat, a "
-              f"GET each, no HEAD; the same client); {text}")  # fmt: skip
+              f"the same {len(chunks)} objects of the versions ({stored / 1e6:.0f} MB), no "
+              f"decode (one s3fs cat, a GET each, no HEAD; the same client); {text}")  # fmt: skip
         s3_epochs(work, server, quick)
 
 
