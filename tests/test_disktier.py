@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -96,14 +97,30 @@ def test_a_hit_refreshes_an_entry_so_eviction_takes_the_others(tmp_path):
     assert tier.get(f"{0:032x}") is not None and tier.get(f"{1:032x}") is None
 
 
+def test_clear_leaves_no_entry_still_on_its_way_to_the_disk(tmp_path, monkeypatch):
+    tier, key = DiskTier(tmp_path / "tier", 10**9), "cd" * 16
+    gate, write = threading.Event(), tier.put
+    monkeypatch.setattr(tier, "put", lambda k, payload: gate.wait(10) and write(k, payload))
+    tier.put_many([(key, b"p" * 1000)])
+    assert tier.get(key) == b"p" * 1000  # served from memory until its file is in place
+    clearing = threading.Thread(target=tier.clear)
+    clearing.start()
+    clearing.join(0.2)
+    assert clearing.is_alive()  # waits for the write on its way
+    gate.set()
+    clearing.join(10)
+    tier.flush()
+    assert tier.get(key) is None and tier.held_bytes() == 0
+
+
 KILLED_WRITER = textwrap.dedent(
     """
     import os, sys, time
     from zarrfeed.store.disktier import DiskTier
-    def stall(fd):  # the data is in the temporary file; the writer dies before the rename
+    def stall(*args):  # the data is in the temporary file; the writer dies before the rename
         print("writing", flush=True)
         time.sleep(60)
-    os.fsync = stall
+    os.replace = stall
     DiskTier(sys.argv[1], 10**9).put(sys.argv[2], b"z" * 5_000_000)
     """
 )
@@ -179,6 +196,40 @@ def test_a_second_epoch_reads_nothing_from_the_bucket(weed, tier_env, monkeypatc
             np.testing.assert_array_equal(cache.array(ASSET, item, "lung"), data[key])
         assert got == [] and cache.store.tier.hits >= 32
         assert cache.store.tier.held_bytes() == held
+    finally:
+        cache.close()
+
+
+def test_a_read_ahead_fetches_only_what_the_tier_lacks_and_the_decode_then_gets_nothing(
+    weed, tier_env, monkeypatch
+):
+    store = s3_store(weed)
+    data = commit(store, "ahead", 0.5)
+    array = store.chunked(ASSET, "ahead", "lung")
+    got = counting_gets(store, monkeypatch)
+    assert array.warm([(0, 0, 0), (0, 0, 1)]) == 2
+    assert array.warm([(0, 0, 0), (0, 0, 1), (1, 1, 1)]) == 1  # two held already
+    assert len(got) == 3
+    np.testing.assert_array_equal(array.read((slice(0, 16), slice(0, 16), slice(0, 32))),
+                                  data[:16, :16, :32])  # fmt: skip
+    assert len(got) == 3  # every chunk it needed came from the tier
+
+
+def test_reading_a_block_ahead_fills_the_tier_not_the_arena(weed, tier_env, monkeypatch):
+    store = s3_store(weed)
+    data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
+    partitions = store.build_manifest(ASSET)["partitions"]
+    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    assert cache.arena is not None  # out of core: units are the stored chunks
+    try:
+        ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))  # scan_1's 8 units
+        got = counting_gets(cache.store, monkeypatch)
+        cache.read_ahead(ahead)
+        assert len(got) == 8 and not cache.resident(ahead).any()  # fetched, not decoded
+        cache.read_ahead(ahead)
+        assert len(got) == 8  # held already: nothing fetched again
+        np.testing.assert_array_equal(cache.array(ASSET, 1, "lung"), data["scan_1"])
+        assert len(got) == 8  # decoded from the tier
     finally:
         cache.close()
 

@@ -6,9 +6,11 @@ failed partition, never a half one."""
 import multiprocessing
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import s3fs
 import s3server
 
 # The store tests of test_store.py, run again here on the S3 store of this module's `store`.
@@ -91,6 +93,28 @@ def test_manifests_reread_only_changed_records(store):
     assert [p.rsplit("/", 1)[-1] for p in reads] == ["scan_2.json"]
     record = store.commit_record("ct/windows", "scan_2")
     assert {k: v for k, v in summaries["scan_2"].items() if k != "stamp"} == summarise(record)
+
+
+def test_an_array_read_is_a_get_per_object_and_threads_share_one_client(store, monkeypatch):
+    data = np.arange(20 * 30 * 40, dtype=np.float32).reshape(20, 30, 40)
+    with store.write_partition("ct/windows", "scan_1", {}) as w:
+        w.write("lung", data, chunks=(10, 10, 10))  # 24 chunk objects
+    calls: list[tuple[str, int]] = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        calls.append((method, id(self)))
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    store.tier = None  # every chunk from the bucket
+    with ThreadPoolExecutor(4) as pool:
+        read = list(pool.map(lambda _: store.read_array("ct/windows", "scan_1", "lung"), range(4)))
+    for found in read:
+        np.testing.assert_array_equal(found, data)
+    # Per read: the commit record, the array's zarr.json, 24 chunks; no HEAD before a GET.
+    assert [m for m, _ in calls] == ["get_object"] * 4 * (2 + 24)
+    assert len({fs for _, fs in calls} - {id(store.backend.fs)}) == 1  # zarr's, shared
 
 
 def _die_at(url: str, options: dict, index: int, after: bool, value: float) -> None:

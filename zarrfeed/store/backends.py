@@ -35,16 +35,23 @@ from zarrfeed.errors import StoreError
 TEMPORARY = ".tmp"  # suffix of a LocalBackend.write_atomic in progress: <name>.<unix>-<id>.tmp
 
 
-def write_file_atomic(path: str | os.PathLike, tmp: str | os.PathLike, *parts: bytes) -> None:
+def write_file_atomic(
+    path: str | os.PathLike, tmp: str | os.PathLike, *parts: bytes, durable: bool = True
+) -> None:
     """Write ``parts`` to the local file ``tmp``, flush it to the disk and rename it onto
     ``path``: a reader sees the old file or the new one whole, never a torn one; ``tmp`` is
-    removed whatever fails (a crash leaves it for the caller's clean-up by its name)."""
+    removed whatever fails (a crash leaves it for the caller's clean-up by its name).
+
+    ``durable=False`` skips the fsync: a process killed at any instant still leaves the old
+    file or the new one, but a power loss may leave the new name with lost blocks — only for
+    files whose readers verify them (a checksum) and can fetch them again."""
     try:
         with open(tmp, "wb") as f:
             for part in parts:
                 f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -62,11 +69,18 @@ _SECRET_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_
 # connections with exponential backoff and jitter; s3fs adds its own retries on top for a few
 # errors botocore does not know.  The standard AWS_MAX_ATTEMPTS / AWS_RETRY_MODE variables
 # override the attempts and mode.  A listings cache would let one process miss another's
-# writes (a commit record, a removed guard), so there is none.
+# writes (a commit record, a removed guard), so there is none.  ``max_pool_connections``:
+# botocore's default of 10 connections per client caps every concurrent read at 10 GETs in
+# flight, whatever fsspec gathers.
 S3_DEFAULTS: dict[str, Any] = {
-    "config_kwargs": {"connect_timeout": 10, "read_timeout": 120},
+    "config_kwargs": {"connect_timeout": 10, "read_timeout": 120, "max_pool_connections": 64},
     "use_listings_cache": False,
 }
+# s3fs sends a HEAD before every whole-object read to decide whether to split it into
+# concurrent ranged GETs (above 50 MB): per chunk or record, that doubles the round trips.
+# What the store reads whole is far smaller (a 50,000-partition manifest, the largest, is one
+# ~100 MB object), so every read is one plain GET.
+ONE_GET: dict[str, Any] = {"max_concurrency": 1}
 S3_RETRIES = {"max_attempts": 8, "mode": "standard"}
 T = TypeVar("T")
 
@@ -310,19 +324,23 @@ class ObjectBackend(Backend):
         # The server, never its credentials: the endpoint is shown in errors and keys caches.
         self.endpoint: str | None = _USERINFO.sub("", endpoint) if endpoint else None
         self.identity = f"{self.url}|{self.endpoint}" if self.endpoint else self.url
+        s3 = fsspec.core.split_protocol(url)[0] in ("s3", "s3a")
+        # Options of a read that is one GET of the object (see ONE_GET).
+        self._one_get: dict[str, Any] = dict(ONE_GET) if s3 else {}
+        self._reader: tuple[int, Any] | None = None  # (pid, async filesystem) for zarr
 
     def location(self, path: str) -> str:
         return self.fs.unstrip_protocol(path)
 
     @_named("read")
     def read(self, path: str) -> bytes:
-        return self.fs.cat_file(path)
+        return self.fs.cat_file(path, **self._one_get)
 
     @_named("read")
     def read_many(self, paths: Sequence[str], threads: int = 8) -> list[bytes | None]:
         if not paths:
             return []
-        found = self.fs.cat(list(paths), on_error="return")
+        found = self.fs.cat(list(paths), on_error="return", **self._one_get)
         out: list[bytes | None] = []
         for p in paths:
             value = found.get(p)
@@ -402,9 +420,25 @@ class ObjectBackend(Backend):
             return 0
 
     def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
-        return FsspecStore.from_url(
+        reader = self._reader_fs() if read_only else None
+        if reader is not None and reader.async_impl:
+            return FsspecStore(reader, read_only=True, path=path)
+        return FsspecStore.from_url(  # (zarr wraps a filesystem that is not asynchronous)
             self.fs.unstrip_protocol(path), storage_options=self._options, read_only=read_only
         )
+
+    def _reader_fs(self) -> Any:
+        """The asynchronous filesystem every read-only Zarr store of this process shares.
+
+        fsspec caches a filesystem per thread, so each thread that opened an array made
+        its own S3 client (about 30 ms of CPU, and new connections); readers read metadata
+        objects only (chunks come through :meth:`read_many`), one GET each."""
+        found = self._reader
+        if found is None or found[0] != os.getpid():  # a forked child makes its own
+            options = {**self._options, **self._one_get, "asynchronous": True}
+            fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
+            found = self._reader = (os.getpid(), fs)
+        return found[1]
 
 
 def _with_defaults(url: str, options: dict[str, Any]) -> dict[str, Any]:

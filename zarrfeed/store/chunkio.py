@@ -35,6 +35,7 @@ from zarrfeed.store.backends import Backend
 from zarrfeed.store.disktier import DiskTier
 
 Region = tuple[slice, ...]
+WARM_BATCH = 256  # chunks one read-ahead GETs at once (their encoded bytes held meanwhile)
 
 
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
@@ -162,6 +163,23 @@ class ChunkedArray:
         if any(b is None for b in found):
             self._check_alive()
         return found
+
+    def warm(self, coords: Sequence[tuple[int, ...]]) -> int:
+        """Fetch the chunks ``coords`` that the disk tier does not hold into it, all at once
+        and without decoding them (a read-ahead from an object store: the decode that
+        follows reads them locally); returns how many were fetched.  Nothing to do without
+        a tier or for arrays zarr decodes itself."""
+        tier, layout = self.tier, self.layout
+        if tier is None or layout is None:
+            return 0
+        paths = [f"{self.folder}/{layout.encode_key(c)}" for c in coords]
+        wanted = [(k, p) for k, p in ((tier.key(self.identity, p), p) for p in paths)
+                  if not tier.holds(k)]  # fmt: skip
+        for i in range(0, len(wanted), WARM_BATCH):
+            part = wanted[i : i + WARM_BATCH]
+            found = self.backend.read_many([p for _, p in part])
+            tier.put_many([(k, d) for (k, _), d in zip(part, found, strict=True) if d])
+        return len(wanted)
 
     def _through_tier(self, paths: list[str], threads: int | None) -> list:
         """Chunks from the disk tier, the others fetched together and kept there."""

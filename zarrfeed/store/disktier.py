@@ -5,11 +5,11 @@ Keys are a digest of the store's identity and the chunk's full path, which names
 the partition, its committed version, the array and the chunk: versions are immutable and a
 rebuild writes a new one, so an entry can never be served for another version or store.
 
-Crash-safe: an entry is written (by background threads: a reader never waits for the disk,
-and meanwhile the entry is served from memory) to a temporary file, fsynced and renamed into
-place, and
-carries a header (magic, CRC-32 and length of the payload) checked on every read; a torn or
-corrupt file is removed and read as a miss, never served.  Bounded: the bytes held are
+Crash-safe: an entry is written (by a background thread: a reader never waits for the disk,
+and meanwhile the entry is served from memory) to a temporary file and renamed into place,
+and carries a header (magic, CRC-32 and length of the payload) checked on every read; a torn
+or corrupt file — a power loss can leave a renamed entry without its blocks, since entries are
+not fsynced — is removed and read as a miss, never served.  Bounded: the bytes held are
 counted in a small file under a lock shared by every process on the machine (fork-safe); a
 write that takes the count over the budget evicts the least recently used entries (file
 mtimes are the clock: a hit touches its file) down to :data:`LOW_WATER` of it.
@@ -98,15 +98,17 @@ class DiskTier:
     # reading ---------------------------------------------------------------------------------
     def get(self, key: str) -> bytes | memoryview | None:
         """The payload of an entry, or None (absent, or torn/corrupt: then removed)."""
+        # Pending first: looked at after a missing file, an entry could have been renamed
+        # into place and left the pending ones in between, and been fetched again.
+        found = self._pending.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
         path = self._path(key)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            found = self._pending.get(key)
-            if found is not None:
-                self.hits += 1
-                return found
             self.misses += 1
             return None
         payload = _verified(data)
@@ -121,6 +123,10 @@ class DiskTier:
             os.utime(path)  # most recently used
         self.hits += 1
         return payload
+
+    def holds(self, key: str) -> bool:
+        """Whether the entry is here or on its way (not verified: :meth:`get` does that)."""
+        return key in self._pending or self._path(key).exists()
 
     def get_many(self, keys: Sequence[str], threads: int = 8) -> list[bytes | memoryview | None]:
         """Many entries at once (None where missing), read in ``threads`` threads."""
@@ -142,16 +148,17 @@ class DiskTier:
 
     # writing ---------------------------------------------------------------------------------
     def put(self, key: str, payload: bytes) -> None:
-        """Publish an entry: temporary file, fsync, rename; then count its bytes."""
+        """Publish an entry: temporary file, rename (no fsync: the header check catches what
+        a power loss tore, and the chunk is fetched again); then count its bytes."""
         path = self._path(key)
         tmp = path.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_TMP}")
         header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_atomic(path, tmp, header, payload)
+        write_file_atomic(path, tmp, header, payload, durable=False)
         self._count(HEADER.size + len(payload))
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
-        """Publish entries in the background (a reader does not wait for the disk's fsyncs);
+        """Publish entries in the background (a reader does not wait for the disk);
         waits only while :data:`PENDING_BYTES` are already on their way.  Until an entry is
         in place, :meth:`get` serves it from memory."""
         if self._writers is None or self._writers[0] != os.getpid():  # or a forked copy's
@@ -258,7 +265,9 @@ class DiskTier:
         }
 
     def clear(self) -> None:
-        """Remove every entry (readers then fetch from the store again)."""
+        """Remove every entry (readers then fetch from the store again): this process's
+        writes still on their way land first, so none is served or written after it."""
+        self.flush()
         with self._locked():
             for sub in os.scandir(self.folder):
                 if sub.is_dir(follow_symlinks=False):

@@ -426,6 +426,25 @@ class CachedArrays:
             if missing:
                 self._fetch(missing, wait=False)
 
+    def read_ahead(self, ids: np.ndarray, wanted: Callable[[], bool] = lambda: True) -> None:
+        """From an object store, fetch the chunks of units ``ids`` not resident into the
+        disk tier, one concurrent read per array, without decoding them or touching the
+        arena (what decoding them a few at a time would fetch in as many round trips); the
+        block sampler calls it a whole block ahead.  Local stores and tier-less ones skip it."""
+        if self.arena is None or self.store.local or self.store.tier is None:
+            return
+        by_array: dict[tuple[str, int, str], list[_Piece]] = {}
+        for p in self._units(ids):
+            if not self.arena.holds(p.key):
+                by_array.setdefault((p.asset, p.item, p.name), []).append(p)
+        for (asset, item, name), pieces in by_array.items():
+            if not wanted():
+                return
+            data = self.chunked(asset, item, name)
+            if data.layout is not None:
+                coords = {c for p in pieces for c in data.layout.chunks_of(p.region)}
+                data.warm(sorted(coords))
+
     def resident(self, ids: np.ndarray) -> np.ndarray:
         """Whether each unit is in the arena (or being decoded into it) right now."""
         return np.array([self.arena.holds(p.key) for p in self._units(ids)], dtype=bool)

@@ -8,7 +8,10 @@ is left.  The block sampler (TorchIO's Queue and Streaming's block shuffles, app
 units) keeps the working set inside the cache: each epoch shuffles the partitions, gives each
 rank a contiguous run of them — so each machine's cache holds only its ranks' data — cuts the
 run into blocks whose units fit half the cache, shuffles samples within each block, and
-decodes the next block's units in a background thread while the current one is read.
+decodes the next block's units in a background thread while the current one is read.  From
+an object store, the block after the current one is also fetched into the disk tier as soon as
+the current one starts (nothing is evicted for it), so the bucket is read while the RAM cache
+still holds the block before.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class BlockSampler(Sampler[int]):
     cache by default) and prefetches the next block while the current one is read.
 
     ``dataset`` provides ``sample_items()`` (partition per sample), ``partition_bytes()``
-    (working set per partition), ``sample_units(indices)`` and ``cache.prefetch`` (see
+    (working set per partition), ``sample_units(indices)``, ``cache.prefetch`` and
+    ``cache.read_ahead`` (see
     :class:`~zarrfeed.training.data.base.StoreDataset`).
     """
 
@@ -134,6 +138,8 @@ class BlockSampler(Sampler[int]):
         try:
             for b in range(first, len(starts)):
                 lo, hi = max(self.start, int(starts[b])), int(ends[b])
+                if self.prefetch and b + 1 < len(starts):  # into the disk tier only
+                    self._submit(order[hi : int(ends[b + 1])], None, generation, decode=False)
                 # The loader's workers read a few batches behind this position: start on the
                 # next block halfway through this one, when the previous block is done with.
                 half = max(lo, (int(starts[b]) + hi) // 2)
@@ -149,18 +155,31 @@ class BlockSampler(Sampler[int]):
             if self._generation == generation:
                 self._generation += 1  # an abandoned or finished pass stops its prefetches
 
-    def _submit(self, indices: np.ndarray, keep: np.ndarray | None, generation: int) -> None:
+    def _submit(
+        self, indices: np.ndarray, keep: np.ndarray | None, generation: int, decode: bool = True
+    ) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="zarrfeed-prefetch")
-        self._pool.submit(self._prefetch, indices, keep, lambda: self._generation == generation)
+        wanted = lambda: self._generation == generation  # noqa: E731
+        self._pool.submit(self._prefetch, indices, keep, wanted, decode)
 
     def _prefetch(
-        self, indices: np.ndarray, keep: np.ndarray | None, wanted: Callable[[], bool]
+        self,
+        indices: np.ndarray,
+        keep: np.ndarray | None,
+        wanted: Callable[[], bool],
+        decode: bool,
     ) -> None:
+        """Decode units of ``indices`` into the cache (``decode``), or only fetch their
+        chunks into the disk tier."""
         try:
-            if wanted():
-                cache, units = self.dataset.cache, self.dataset.sample_units
+            if not wanted():
+                return
+            cache, units = self.dataset.cache, self.dataset.sample_units
+            if decode:
                 cache.prefetch(units(indices), wanted, None if keep is None else units(keep))
+            else:
+                cache.read_ahead(units(indices), wanted)
         except Exception as exc:  # the readers decode what is missing and report errors
             log.warning("prefetch of the next block failed: %s", exc)
 
