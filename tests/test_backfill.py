@@ -219,3 +219,34 @@ def test_an_interrupted_batch_starts_no_more_partitions_and_keeps_those_that_fin
     assert started == ["k0", "k1"]
     assert list(done) == ["k0"] and done["k0"][RAW].metadata == {"key": "k0"}
     assert errors == {}
+
+
+def test_a_batch_hands_each_finished_partition_over_while_the_others_build():
+    """The step's thread gets each partition as soon as it finishes (to record it), failed
+    ones included, while the next partition is still building."""
+    import threading
+
+    from zarrfeed.assets.build import Built, build_range
+
+    handed = threading.Event()
+    seen_while_building: list[bool] = []
+    calls: list[tuple[str, bool, str | None]] = []
+
+    def build(key: str):
+        if key == "k1":  # builds until another partition has been handed over (or gives up)
+            seen_while_building.append(handed.wait(timeout=10))
+        if key == "k2":
+            raise ValueError("bad item")
+        yield RAW, Built({"key": key})
+
+    done: dict = {}
+    errors: dict = {}
+
+    def finished(key: str) -> None:
+        calls.append((key, threading.current_thread() is threading.main_thread(), errors.get(key)))
+        handed.set()
+
+    build_range(["k0", "k1", "k2"], build, 2, done, errors, finished)
+    assert seen_while_building == [True]
+    assert sorted(calls) == [("k0", True, None), ("k1", True, None), ("k2", True, "bad item")]
+    assert set(done) == {"k0", "k1", "k2"}

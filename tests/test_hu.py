@@ -194,3 +194,19 @@ def test_the_ct_settings_refuse_a_malformed_hu_override_when_loaded():
     for bad in ("HU", {"slope": 1}):
         with pytest.raises(ValidationError, match=r"HU override for 'k'.*'hu' or"):
             CT.values({"hu_overrides": {"k": bad}})
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_to_hu_is_the_float32_rescale_with_sentinels_as_air_in_any_block(order):
+    """Converted block by block: every voxel is ``stored · slope + intercept`` in float32, a
+    sentinel is air wherever it lies (here only in the last block), whatever the layout."""
+    rng = np.random.default_rng(1)
+    stored = np.array(rng.integers(0, 4096, (3, 301, 401), dtype=np.int16), order=order)
+    stored[-1, -1, -3:] = -3024  # stored padding, past the first blocks
+    out = hu.to_hu(stored, Rescale(2.0, -1024.0))
+    want = stored.astype(np.float32) * np.float32(2.0) + np.float32(-1024.0)
+    want[-1, -1, -3:] = hu.AIR_FILL
+    assert out.dtype == np.float32 and np.array_equal(out, want)
+    clean = stored.copy()
+    clean[-1, -1, -3:] = 5
+    assert np.array_equal(hu.to_hu(clean, RAW), clean.astype(np.float32) - 1024)

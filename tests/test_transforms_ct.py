@@ -7,7 +7,7 @@ import torch
 from pydicom.pixels import apply_windowing
 
 from zarrfeed.transforms import ct
-from zarrfeed.transforms.stats import finite_range
+from zarrfeed.transforms.stats import finite_range, int16_percentiles
 
 
 def test_presets_are_the_radiopaedia_values():
@@ -118,3 +118,15 @@ def test_finite_range_float16_matches_float64(values):
     assert finite == bool(np.isfinite(ref).all())
     if finite:
         assert (lo, hi) == (ref.min(), ref.max())
+
+
+@pytest.mark.parametrize("size", [1, 5, (1 << 17) - 1, (1 << 17) + 3, 3 << 17])
+def test_int16_percentiles_are_numpys_lower_percentiles(size):
+    """Exact on every size, whole histogram blocks or not, full int16 range included."""
+    x = np.random.default_rng(size).integers(-32768, 32768, size, dtype=np.int16)
+    x[0] = -32768
+    qs = (0, 1, 5, 50, 95, 99, 100)
+    want = [int(np.percentile(x, q, method="lower")) for q in qs]
+    assert int16_percentiles(x, qs) == want
+    strided = np.repeat(x, 2)[::2]  # the same values, not contiguous
+    assert int16_percentiles(strided, qs) == want

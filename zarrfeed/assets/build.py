@@ -30,7 +30,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from zarrfeed.assets.events import log_partitions, logged
+from zarrfeed.assets.events import PartitionRecorder, logged
 from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.batching import in_flight, per_run
 from zarrfeed.errors import ZarrfeedError
@@ -282,21 +282,32 @@ def materialize_partitions(
         return
     keys = list(context.partition_keys)
     workers = in_flight(usable_cpus(), available_memory(), item_bytes(), len(keys))
+    recorder = PartitionRecorder(context, assets, keys)
     t0 = time.perf_counter()
     done: dict[str, dict[dg.AssetKey, Built]] = {}
     errors: dict[str, str] = {}
+    recorded: set[str] = set()
+
+    def record(key: str) -> None:
+        """Partition ``key`` finished: recorded now, while the others build."""
+        recorded.add(key)
+        for asset, built in done[key].items():
+            recorder.record(key, asset, built.metadata, built.data_version or "", built.checks)
+
     try:
-        build_range(keys, build, workers, done, errors)
+        build_range(keys, build, workers, done, errors, record)
     except BaseException:
         # Cancelled: the partitions not started never will be; those committed are recorded.
         context.log.warning(f"interrupted: {len(done)} of {len(keys)} partitions finished")
-        yield from reported(context, assets, keys, done)
+        for key in [k for k in done if k not in recorded]:
+            record(key)
+        yield from results(context, recorder)
         raise
     context.log.info(
         f"built {len(keys) - len(errors)} of {len(keys)} partitions, {workers} at once, in "
         f"{time.perf_counter() - t0:.1f} s"
     )
-    yield from reported(context, assets, keys, done)
+    yield from results(context, recorder)
     if errors:
         errors = {k: errors[k] for k in keys if k in errors}
         for key, error in errors.items():
@@ -310,23 +321,13 @@ def materialize_partitions(
         )
 
 
-def reported(
-    context: dg.AssetExecutionContext,
-    assets: list[dg.AssetKey],
-    keys: list[str],
-    done: Mapping[str, Mapping[dg.AssetKey, Built]],
+def results(
+    context: dg.AssetExecutionContext, recorder: PartitionRecorder
 ) -> Iterator[dg.MaterializeResult]:
-    """Each partition of ``done`` recorded as its own materialisation of each asset it built,
-    and the step's result for each asset that has any."""
-    for asset in assets:
-        built = {k: done[k][asset] for k in keys if k in done and asset in done[k]}
-        log_partitions(
-            context,
-            asset,
-            {k: (b.metadata, b.data_version or "", b.checks) for k, b in built.items()},
-        )
-        if built:
-            yield logged(context, asset, {k: b.checks for k, b in built.items()})
+    """The step's result for each asset that has any partition recorded."""
+    for asset, checks in recorder.checks.items():
+        if checks:
+            yield logged(context, asset, checks)
 
 
 def build_range(
@@ -335,12 +336,14 @@ def build_range(
     workers: int,
     done: dict[str, dict[dg.AssetKey, Built]],
     errors: dict[str, str],
+    finished: Callable[[str], None] = lambda key: None,
 ) -> None:
     """Build ``keys`` on ``workers`` threads (the transforms, codecs and hashes release the
     GIL), filling ``done`` (what each finished partition built, by asset) and ``errors`` (why
-    each failing one failed: a failure stops that partition only) as they finish.  An
-    interrupt (a cancelled run) cancels the partitions not yet started and is raised again,
-    ``done`` holding those that finished."""
+    each failing one failed: a failure stops that partition only) as they finish, then
+    calling ``finished(key)`` in the calling thread while the others build.  An interrupt
+    (a cancelled run) cancels the partitions not yet started and is raised again, ``done``
+    holding those that finished."""
 
     def one(key: str) -> tuple[dict[dg.AssetKey, Built], str | None]:
         out: dict[dg.AssetKey, Built] = {}
@@ -358,9 +361,11 @@ def build_range(
         futures = {pool.submit(one, key): key for key in keys}
         for future in as_completed(futures):
             out, error = future.result()
-            done[futures[future]] = out
+            key = futures[future]
+            done[key] = out
             if error is not None:
-                errors[futures[future]] = error
+                errors[key] = error
+            finished(key)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise

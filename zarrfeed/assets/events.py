@@ -56,39 +56,62 @@ def upstream_versions(
     return out
 
 
-def log_partitions(
-    context: dg.AssetExecutionContext,
-    asset: dg.AssetKey,
-    built: Mapping[str, tuple[Mapping[str, Any], str, Checks]],
-) -> None:
-    """Record each partition of ``built`` (partition -> metadata, data version, check
-    results) as a materialisation of ``asset`` at its data version, with its code version
-    and the latest data version of each upstream partition it read (the tags Dagster writes
-    for a one-partition run), then its check results (those selected in this run)."""
-    assets_def = context.assets_def
-    code_version = assets_def.code_versions_by_key.get(asset)
-    keys = list(built)
-    upstream = {
-        up: upstream_versions(context.instance, up, keys)
-        for up in sorted(assets_def.asset_deps.get(asset, ()))
-    }
-    checks = [k for k in context.selected_asset_check_keys if k.asset_key == asset]
-    for partition, (metadata, data_version, results) in built.items():
+class PartitionRecorder:
+    """Records the partitions of a batched step one at a time, as each commits: a
+    materialisation of each asset it built at its data version, with its code version and
+    the latest data version of each upstream partition it read (the tags Dagster writes for
+    a one-partition run), then its check results (those selected in this run).
+
+    The upstream versions of every partition of the step are read once, up front (two
+    queries per upstream asset): the upstream partitions a step reads are committed before
+    it starts.  Recording a partition while the others build puts the event writes beside
+    the work instead of after it.
+    """
+
+    def __init__(
+        self,
+        context: dg.AssetExecutionContext,
+        assets: Sequence[dg.AssetKey],
+        partitions: Sequence[str],
+    ) -> None:
+        self.context = context
+        assets_def = context.assets_def
+        deps = {asset: sorted(assets_def.asset_deps.get(asset, ())) for asset in assets}
+        read = {up for ups in deps.values() for up in ups}
+        versions = {up: upstream_versions(context.instance, up, partitions) for up in read}
+        self._upstream = {asset: {up: versions[up] for up in ups} for asset, ups in deps.items()}
+        self._code = {asset: assets_def.code_versions_by_key.get(asset) for asset in assets}
+        selected = context.selected_asset_check_keys
+        self._checks = {asset: [k for k in selected if k.asset_key == asset] for asset in assets}
+        self.checks: dict[dg.AssetKey, dict[str, Checks]] = {asset: {} for asset in assets}
+        """Per asset: partition -> its check results, for each partition recorded."""
+
+    def record(
+        self,
+        partition: str,
+        asset: dg.AssetKey,
+        metadata: Mapping[str, Any],
+        data_version: str,
+        results: Checks,
+    ) -> None:
+        """Record partition ``partition`` of ``asset``: its materialisation, then its checks."""
         tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
+        code_version = self._code[asset]
         if code_version is not None:
             tags[CODE_VERSION_TAG] = code_version
-        for up, versions in upstream.items():
+        for up, versions in self._upstream[asset].items():
             version, storage_id = versions.get(partition, ("INITIAL", None))
             tags[get_input_data_version_tag(up)] = version
             tags[get_input_event_pointer_tag(up)] = str(storage_id or NULL_EVENT_POINTER)
-        context.log_event(
+        log = self.context.log_event
+        log(
             dg.AssetMaterialization(
                 asset_key=asset, partition=partition, metadata=metadata, tags=tags
             )
         )
-        for check in checks:
+        for check in self._checks[asset]:
             passed, facts = results[check.name]
-            context.log_event(
+            log(
                 dg.AssetCheckEvaluation(
                     asset_key=asset,
                     check_name=check.name,
@@ -98,13 +121,14 @@ def log_partitions(
                     partition=partition,
                 )
             )
+        self.checks[asset][partition] = results
 
 
 def logged(
     context: dg.AssetExecutionContext, asset: dg.AssetKey, checks: Mapping[str, Checks]
 ) -> dg.MaterializeResult:
-    """The step's result for ``asset`` when :func:`log_partitions` recorded its partitions
-    (``checks``: partition -> its check results).
+    """The step's result for ``asset`` when a :class:`PartitionRecorder` recorded its
+    partitions (``checks``: partition -> its check results).
 
     Each selected check also gets a step-wide result — Dagster starts the next steps only
     once every output of this one exists — that names the partitions that failed it.  It

@@ -30,13 +30,22 @@ def finite_range(x: np.ndarray) -> tuple[float, float, bool]:
     return float(lo), float(hi), finite
 
 
+# Voxels a histogram block counts at once: ``np.bincount`` converts its input to intp first,
+# 8 bytes a voxel, so a whole 240×480×480 volume made a 440 MB temporary (0.3 s); blocks
+# keep it in cache (0.13 s).
+_COUNT_BLOCK = 1 << 17
+
+
 def int16_percentiles(x: np.ndarray, qs: tuple[float, ...]) -> list[int]:
     """Exact ``qs`` percentiles (0–100, the lower value at a tie) of an int16 array from one
     histogram pass: a CT volume's HU distribution at a small part of the cost of sorting it."""
     if x.dtype != np.int16 or x.size == 0:
         raise ValueError(f"expected a non-empty int16 array, got {x.dtype} of {x.size} values")
-    biased = np.ascontiguousarray(x).reshape(-1).view(np.uint16) ^ 0x8000  # -32768 → 0
-    counts = np.bincount(biased, minlength=1 << 16)
+    flat = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
+    counts = np.zeros(1 << 16, dtype=np.int64)
+    for start in range(0, flat.size, _COUNT_BLOCK):
+        biased = flat[start : start + _COUNT_BLOCK] ^ 0x8000  # -32768 → 0
+        counts += np.bincount(biased, minlength=1 << 16)
     cumulative = np.cumsum(counts)
     ranks = [min(x.size - 1, int(q / 100 * (x.size - 1))) for q in qs]
     return [int(np.searchsorted(cumulative, r, side="right")) - 0x8000 for r in ranks]
