@@ -22,7 +22,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -356,17 +356,26 @@ def build_range(
             return out, "".join(traceback.format_exception(exc))
         return out, None
 
+    def take(future: Future) -> str:
+        out, error = future.result()
+        key = futures[future]
+        done[key] = out
+        if error is not None:
+            errors[key] = error
+        return key
+
     pool = ThreadPoolExecutor(workers, thread_name_prefix="partition")
+    futures: dict[Future, str] = {}
     try:
-        futures = {pool.submit(one, key): key for key in keys}
+        for key in keys:  # an interrupt can come while these are submitted
+            futures[pool.submit(one, key)] = key
         for future in as_completed(futures):
-            out, error = future.result()
-            key = futures[future]
-            done[key] = out
-            if error is not None:
-                errors[key] = error
-            finished(key)
+            finished(take(future))
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
+        # Partitions that finished before the interrupt was seen are committed: keep them.
+        for future, key in futures.items():
+            if key not in done and future.done() and not future.cancelled():
+                take(future)
         raise
     pool.shutdown()
