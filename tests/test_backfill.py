@@ -195,27 +195,33 @@ def test_a_batched_run_builds_nothing_on_an_item_that_fails_raw_ingests_readable
 
 
 def test_an_interrupted_batch_starts_no_more_partitions_and_keeps_those_that_finished():
-    """A cancelled run (an interrupt in the step's thread) stops the batch: the queued
-    partitions never start, and the ones that finished are there to be recorded."""
-    import signal
-    import time
+    """A cancelled run (an interrupt in the step's thread while a partition builds) stops the
+    batch at once: the queued partitions never start, the one building is not waited for, and
+    the ones that finished are there to be recorded."""
+    import threading
 
     from zarrfeed.assets.build import Built, build_range
 
     started: list[str] = []
+    k1_building, released = threading.Event(), threading.Event()
 
     def build(key: str):
         started.append(key)
-        if key == "k1":  # the run is cancelled while k1 builds
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.5)
+        if key == "k1":  # still building when the run is cancelled
+            k1_building.set()
+            released.wait(timeout=10)
         yield RAW, Built({"key": key})
+
+    def finished(key: str) -> None:  # the step's thread, recording k0: the cancel comes
+        assert k1_building.wait(timeout=10)
+        raise KeyboardInterrupt
 
     done: dict = {}
     errors: dict = {}
     keys = [f"k{i}" for i in range(10)]
     with pytest.raises(KeyboardInterrupt):
-        build_range(keys, build, 1, done, errors)
+        build_range(keys, build, 1, done, errors, finished)
+    released.set()
     assert started == ["k0", "k1"]
     assert list(done) == ["k0"] and done["k0"][RAW].metadata == {"key": "k0"}
     assert errors == {}
