@@ -10,13 +10,15 @@ NIfTI files (a few tiny real ones for the runs that read them) with a 50,000-row
 CSV; the committed partitions are commit records written straight into the store, shaped
 like real ones (current fingerprints, 1 % stale), plus a synthetic consolidated patch index.
 The S3 figures use the real sample data's CT scans built with the demo's settings, and
-synthetic CT volumes for the training epochs.
+synthetic CT volumes for the training epochs; LitData (the ``bench`` extra) streams the same
+patches from the same SeaweedFS bucket for ``s3.train_epoch1_vs_litdata``.
 """
 
 import argparse
 import contextlib
 import csv
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -406,10 +408,11 @@ def epoch_rates(store: ZarrStore, budget_gb: float, workers: int, epochs: int) -
     return rates
 
 
-def s3_epochs(work: Path, server: s3server.S3Server, quick: bool) -> None:
+def s3_epochs(work: Path, server: s3server.S3Server, quick: bool, litdata: bool = True) -> None:
     """Out-of-core training epochs (block sampler, a RAM cache of about half the volumes)
     from a local store and from the bucket: the first with the disk tier empty, the next
-    ones with it warm."""
+    ones with it warm; and (``litdata``) the first against LitData streaming the same
+    patches from the same bucket."""
     from loaders import BATCH, make_volumes  # the loader benchmark's synthetic CT volumes
 
     # Out of core needs a dataset beyond the budget, and the budget room for a worker's
@@ -439,6 +442,86 @@ def s3_epochs(work: Path, server: s3server.S3Server, quick: bool) -> None:
     bench("s3.train_epoch1_vs_local", first / base, "x",
           f"the first epoch from the bucket (disk tier empty) {first:.0f}/s / local "
           f"{base:.0f}/s; {text}")  # fmt: skip
+    if litdata and importlib.util.find_spec("litdata") is None:
+        print("s3.train_epoch1_vs_litdata: LitData is not installed (the bench extra)")
+    elif litdata:
+        url, options, chunks = litdata_optimize(work, server, local)
+        s3.tier.clear()
+        ours = epoch_rates(s3, budget, workers, 1)[0]
+        theirs = litdata_first_epoch(work, url, options, BATCH, workers, 8 * per)
+        bench("s3.train_epoch1_vs_litdata", ours / theirs, "x",
+              f"first epoch from the bucket, patches/s: zarrfeed (disk tier empty, Blosc-LZ4 "
+              f"chunks decoded, patches cut from them) {ours:.0f}/s / LitData 0.2.76 "
+              f"StreamingDataset (the same patches optimised into {chunks} chunk(s) of its "
+              f"own uncompressed format in the same bucket, shuffled, empty local cache) "
+              f"{theirs:.0f}/s; each run starts its loader's workers; {text}")  # fmt: skip
+
+
+def litdata_patches(source: tuple[str, list[list[int]]]) -> Iterator[dict]:
+    """LitData's ``optimize`` function: the 64^3 patches of one volume (its ``.npy`` and
+    the origins of its patch index), one sample each."""
+    path, origins = source
+    volume = np.load(path, mmap_mode="r")
+    for z, y, x in origins:
+        yield {"patch": np.ascontiguousarray(volume[z : z + 64, y : y + 64, x : x + 64])}
+
+
+def litdata_allow_http(endpoint: str) -> None:
+    """Let LitData reach a plain-HTTP endpoint (the loopback SeaweedFS server).
+
+    LitData 0.2.76 moves chunks through obstore, building its S3 client with fixed client
+    options (``litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS``) that lack obstore's
+    ``allow_http`` and offers no way to pass it, so every upload or download to an
+    ``http://`` endpoint fails ("builder error (BadScheme)"); the environment does not reach
+    that client either.  This adds ``allow_http`` to those options, the only change made to
+    LitData; forked loader workers inherit it."""
+    from litdata.streaming import downloader
+
+    if endpoint.startswith("http://"):
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+
+def litdata_optimize(
+    work: Path, server: s3server.S3Server, local: ZarrStore
+) -> tuple[str, dict, int]:
+    """The patches of ``local``'s patch index optimised by LitData into its own format in
+    the bucket: (its URL, LitData's storage options, the chunks it wrote)."""
+    import litdata
+    import s3fs
+
+    litdata_allow_http(server.endpoint)
+    # LitData hands these to boto3's client (and obstore through it): the server and keys.
+    options = {"endpoint_url": server.endpoint, "aws_access_key_id": server.key,
+               "aws_secret_access_key": server.secret}  # fmt: skip
+    url = "s3://zarrfeed-bench/litdata"
+    keys = local.list_partitions("ct/windows")
+    sources = [(str(work / f"{k}.npy"), local.read_array("ct/patches", k, "origins").tolist())
+               for k in keys]  # fmt: skip
+    litdata.optimize(fn=litdata_patches, inputs=sources, output_dir=url, chunk_bytes="64MB",
+                     num_workers=1, storage_options=options, mode="overwrite",
+                     verbose=False)  # fmt: skip
+    fs = s3fs.S3FileSystem(**server.storage_options(), skip_instance_cache=True)
+    index = json.loads(fs.cat_file(f"{url}/index.json"))
+    return url, options, len(index["chunks"])
+
+
+def litdata_first_epoch(
+    work: Path, url: str, options: dict, batch: int, workers: int, patches: int
+) -> float:
+    """Patches/s of LitData's first epoch over its optimised patches at ``url``, streamed
+    into an empty local cache by a shuffling ``StreamingDataLoader``."""
+    import litdata
+
+    dataset = litdata.StreamingDataset(url, cache_dir=str(work / "litdata-cache"), shuffle=True,
+                                       storage_options=options)  # fmt: skip
+    loader = litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
+    t0, n = time.perf_counter(), 0
+    for got in loader:
+        n += len(got["patch"])
+    rate = n / (time.perf_counter() - t0)
+    if n != patches:
+        raise RuntimeError(f"LitData's epoch gave {n} patches, not {patches}")
+    return rate
 
 
 def main() -> None:
@@ -448,7 +531,8 @@ def main() -> None:
         "--only",
         choices=["scale", "manifests", "s3", "epochs"],
         help="one part: the scale figures, the manifest/nightly/dataset ones (after the "
-        "discovery they need), the S3 ones, or only the training epochs from S3",
+        "discovery they need), the S3 ones, or only the training epochs from S3 (with "
+        "LitData's first epoch)",
     )
     args = parser.parse_args()
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp())
