@@ -17,6 +17,7 @@ patches from the same SeaweedFS bucket for ``s3.train_epoch1_vs_litdata``.
 import argparse
 import contextlib
 import csv
+import functools
 import hashlib
 import importlib.util
 import json
@@ -480,11 +481,18 @@ def litdata_allow_http(endpoint: str) -> None:
     ``allow_http`` and offers no way to pass it, so every upload or download to an
     ``http://`` endpoint fails ("builder error (BadScheme)"); the environment does not reach
     that client either.  This adds ``allow_http`` to those options, the only change made to
-    LitData; forked loader workers inherit it."""
+    LitData; loader workers apply it again as they start (without that, a forked worker's
+    client was still built without it: "builder error")."""
     from litdata.streaming import downloader
 
     if endpoint.startswith("http://"):
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+
+def litdata_worker_start(endpoint: str, worker: int) -> None:
+    """A LitData loader worker's start: :func:`litdata_allow_http` (a function LitData can
+    pickle)."""
+    litdata_allow_http(endpoint)
 
 
 def litdata_optimize(
@@ -520,7 +528,13 @@ def litdata_first_epoch(
 
     dataset = litdata.StreamingDataset(url, cache_dir=str(work / "litdata-cache"), shuffle=True,
                                        storage_options=options)  # fmt: skip
-    loader = litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
+    endpoint = options["endpoint_url"]
+    loader = litdata.StreamingDataLoader(
+        dataset,
+        batch_size=batch,
+        num_workers=workers,
+        worker_init_fn=functools.partial(litdata_worker_start, endpoint),
+    )
     t0, n = time.perf_counter(), 0
     for got in loader:
         n += len(got["patch"])
