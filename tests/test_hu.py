@@ -210,3 +210,14 @@ def test_to_hu_is_the_float32_rescale_with_sentinels_as_air_in_any_block(order):
     clean = stored.copy()
     clean[-1, -1, -3:] = 5
     assert np.array_equal(hu.to_hu(clean, RAW), clean.astype(np.float32) - 1024)
+
+
+def test_a_nan_beside_a_sentinel_in_one_block_does_not_hide_it():
+    """A float volume with NaN and a -3024 sentinel in the same block: the sentinel is still
+    air (a block's plain minimum is NaN there, which would skip the sentinel search)."""
+    stored = np.full((4, 64, 64), 40.0, dtype=np.float32)
+    stored[0, 0, 0] = np.nan
+    stored[0, 0, 1] = -3024.0
+    out = hu.to_hu(stored, RAW)
+    assert out[0, 0, 1] == hu.AIR_FILL and np.isnan(out[0, 0, 0])
+    assert np.all(out.reshape(-1)[2:] == 40.0 - 1024)

@@ -329,7 +329,9 @@ def to_hu(
             block *= slope
         if rescale.intercept != 0:
             block += intercept
-        lowest = min(lowest, float(flat_in[start : start + _HU_BLOCK].min()), float(block.min()))
+        # fmin ignores NaN: a NaN beside a sentinel in one block must not hide the sentinel.
+        stored_min = float(np.fmin.reduce(flat_in[start : start + _HU_BLOCK]))
+        lowest = min(lowest, stored_min, float(np.fmin.reduce(block)))
     if padding is not None or lowest <= max(SENTINELS):
         outside = outside_mask(stored, out, padding)
         if outside is not None:
