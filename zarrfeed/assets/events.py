@@ -77,6 +77,12 @@ class PartitionRecorder:
         self.context = context
         assets_def = context.assets_def
         deps = {asset: sorted(assets_def.asset_deps.get(asset, ())) for asset in assets}
+        for asset, ups in deps.items():  # read up front, a sibling's version would be stale
+            if inside := [up.to_user_string() for up in ups if up in assets]:
+                raise ValueError(
+                    f"{asset.to_user_string()} reads {', '.join(inside)} built in the same "
+                    "step: a batched step records upstream versions read before it builds"
+                )
         read = {up for ups in deps.values() for up in ups}
         versions = {up: upstream_versions(context.instance, up, partitions) for up in read}
         self._upstream = {asset: {up: versions[up] for up in ups} for asset, ups in deps.items()}
