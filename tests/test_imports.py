@@ -141,3 +141,18 @@ def test_importing_any_module_reads_no_setting_and_installs_no_warning_filter():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "", out.stdout
+
+
+def test_the_cli_and_the_code_location_start_without_torch():
+    """``zarrfeed status``, ``inspect``, ``--help`` and a code location's load import no
+    torch (~1.7 s on two cores): the CT transforms and the training package load it when
+    they first compute; the public training names still import from ``zarrfeed.training``."""
+    code = (
+        "import sys, zarrfeed.cli, zarrfeed.definitions, zarrfeed.training.config\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer, make_loader\n"
+        "import zarrfeed.training as t\n"
+        "assert {'CTPatchDataset', 'Trainer', 'train'} <= set(t.__all__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from zarrfeed.processes import usable_cpus
 
@@ -85,9 +83,11 @@ def resample(volume: np.ndarray, spacing: Spacing, target: Spacing) -> np.ndarra
     size = resampled_shape(volume.shape, spacing, target)
     if tuple(size) == volume.shape:
         return np.asarray(volume, dtype=np.float32)
+    import torch  # here, not at import: the CLI's commands start without torch (~1.7 s)
+
     src = torch.from_numpy(np.ascontiguousarray(volume, dtype=np.float32))[None, None]
     with torch.inference_mode():
-        out = F.interpolate(src, size=size, mode="trilinear", align_corners=False)
+        out = torch.nn.functional.interpolate(src, size=size, mode="trilinear", align_corners=False)
     return out[0, 0].numpy()
 
 
@@ -135,6 +135,8 @@ def apply_window(
     Works block by block in float32 (never float64) and casts through torch, which is several
     times faster than numpy's float32 → float16 conversion.
     """
+    import torch
+
     w = get_window(window)
     flat_in = np.ascontiguousarray(hu).reshape(-1)
     out = np.empty(flat_in.shape, dtype=np.dtype(dtype))
@@ -231,6 +233,8 @@ def preprocess(hu: np.ndarray, spacing: Spacing, preset: CTPreset = CT_CLIP) -> 
     if np.dtype(preset.dtype).kind in "iu":
         np.rint(vol, out=vol)
         return vol.astype(preset.dtype)
+    import torch
+
     return torch.from_numpy(np.ascontiguousarray(vol)).to(getattr(torch, preset.dtype)).numpy()
 
 
