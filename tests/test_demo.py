@@ -6,8 +6,10 @@ that instance, started once a new raw image set has appeared: a person in a real
 (headless Debian Chromium driven by Playwright) materialises a ``ct_windows`` partition from
 the UI and sees its preview (three oriented views per window, at least 256 px each), each
 scan's check result on its own, ``ct_hu``'s spacing, shape and HU percentiles and the demo's
-runs re-executable as the UI's own, while the daemon trains a model on the new set with no
-click.  Screenshots are saved for a person to look at (CI keeps ``screenshots/``).
+runs re-executable as the UI's own, while the daemon's discovery sensor builds the new set and
+its automation trains a model on it with no click; a run submitted through the webserver's
+GraphQL API rebuilds a partition.  Screenshots are saved for a person to look at (CI keeps
+``screenshots/``).
 
 The tests share the instance and run in this order, on one worker (pytest-xdist distributes
 by file): the ones before ``dg dev`` count runs and partitions that its daemon would add to."""
@@ -366,10 +368,68 @@ def test_a_new_raw_image_set_ends_in_a_trained_model_without_a_click(demo, dev):
         run = instance.get_run_by_id(event.run_id)
         assert run.is_success and run.tags.get("dagster/from_automation_condition") == "true"
         assert "inspection_extra" in instance.get_dynamic_partitions("image_sets")
+    # the discovery sensor launched the new set's build, found over the webserver's GraphQL
+    built = [r for r in graphql_runs(dev[0], "inspection_extra") if r["jobName"] == "images_build"]
+    assert any(r["status"] == "SUCCESS" for r in built), built
+    with instance_at(env["DAGSTER_HOME"]) as instance:
         meta = event.asset_materialization.metadata
         trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
         assert trained_on["partitions"] == "3"  # the new set is in the manifest
         assert meta["eval_iou"].value > 0.1  # the automated run trains with the task's defaults
+
+
+RUNS_QUERY = """
+query Runs($key: String!, $value: String!) {
+  runsOrError(filter: {tags: [{key: $key, value: $value}]}) {
+    ... on Runs { results { runId status jobName } }
+  }
+}"""
+RANGE = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
+
+
+def graphql_runs(port: int, key: str) -> list[dict]:
+    """The runs that build partition ``key``, as the webserver's GraphQL API lists them: its
+    own, or a batched run whose range starts or ends at it (the discovery sensor requests new
+    sets as ranges of consecutive partitions)."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+    found = []
+    for tag in ("dagster/partition", *RANGE):
+        data = client._execute(RUNS_QUERY, {"key": tag, "value": key})
+        found += data["runsOrError"]["results"]
+    return found
+
+
+def test_a_partition_run_launched_through_the_graphql_api_succeeds(demo, dev):
+    """After the tests above (it rebuilds a partition they read): a forced run submitted
+    through the webserver's GraphQL API really rebuilds and succeeds."""
+    from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+
+    from zarrfeed.store import ZarrStore
+
+    _, env, _ = demo
+    port, log, _ = dev
+    client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+    store = ZarrStore(env["ZARRFEED_STORE"])
+    before = store.commit_record("images/patches", "inspection_test")["version"]
+    run_id = client.submit_job_execution(
+        "images_build",
+        tags={"dagster/partition": "inspection_test"},
+        run_config={"resources": {"build": {"config": {"force": True}}}},
+    )
+
+    def finished():
+        try:
+            status = client.get_run_status(run_id).value
+        except DagsterGraphQLClientError:
+            return None
+        return status if status in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+    assert wait_for(finished, 240, "the API run") == "SUCCESS", log.read_text()[-3000:]
+    assert any(r["runId"] == run_id for r in graphql_runs(port, "inspection_test"))
+    assert store.commit_record("images/patches", "inspection_test")["version"] != before
+    assert {"inspection_test", "inspection_train"} <= set(store.list_partitions("images/patches"))
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
