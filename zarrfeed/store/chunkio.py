@@ -172,13 +172,13 @@ class ChunkedArray:
         tier, layout = self.tier, self.layout
         if tier is None or layout is None:
             return 0
-        paths = [f"{self.folder}/{layout.encode_key(c)}" for c in coords]
-        wanted = [(k, p) for k, p in ((tier.key(self.identity, p), p) for p in paths)
-                  if not tier.holds(k)]  # fmt: skip
+        paths = {tier.key(self.identity, p): p
+                 for p in (f"{self.folder}/{layout.encode_key(c)}" for c in coords)}  # fmt: skip
+        wanted = tier.lacking(list(paths))
         for i in range(0, len(wanted), WARM_BATCH):
             part = wanted[i : i + WARM_BATCH]
-            found = self.backend.read_many([p for _, p in part])
-            tier.put_many([(k, d) for (k, _), d in zip(part, found, strict=True) if d])
+            found = self.backend.read_many([paths[k] for k in part])
+            tier.put_many([(k, d) for k, d in zip(part, found, strict=True) if d])
         return len(wanted)
 
     def _through_tier(self, paths: list[str], threads: int | None) -> list:
