@@ -99,8 +99,8 @@ def test_a_hit_refreshes_an_entry_so_eviction_takes_the_others(tmp_path):
 
 def test_clear_leaves_no_entry_still_on_its_way_to_the_disk(tmp_path, monkeypatch):
     tier, key = DiskTier(tmp_path / "tier", 10**9), "cd" * 16
-    gate, write = threading.Event(), tier.put
-    monkeypatch.setattr(tier, "put", lambda k, payload: gate.wait(10) and write(k, payload))
+    gate, write = threading.Event(), tier.put_batch
+    monkeypatch.setattr(tier, "put_batch", lambda items: gate.wait(10) and write(items))
     tier.put_many([(key, b"p" * 1000)])
     assert tier.get(key) == b"p" * 1000  # served from memory until its file is in place
     clearing = threading.Thread(target=tier.clear)
@@ -276,3 +276,67 @@ def test_a_worker_forked_while_the_lock_is_held_does_not_wait_forever(tmp_path):
         child.kill()
     assert not alive and child.exitcode == 0
     assert tier.get("ef" * 16) == b"e" * 1000
+
+
+def test_a_read_ahead_of_what_a_warm_tier_holds_fetches_nothing_and_looks_at_no_chunk_file(
+    weed, tier_env, monkeypatch
+):
+    store = s3_store(weed)
+    for i in range(4):  # beyond the cache budget: out of core
+        commit(store, f"scan_{i}", i)
+    partitions = store.build_manifest(ASSET)["partitions"]
+    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    try:
+        ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))
+        got = counting_gets(cache.store, monkeypatch)
+        cache.read_ahead(ahead)
+        cache.store.tier.flush()
+        assert len(got) == 8
+        looked: list[str] = []
+        stat = os.stat
+
+        def counting_stat(path, *args, **kwargs):
+            if str(path).startswith(str(tier_env)):
+                looked.append(str(path))
+            return stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", counting_stat)
+        cache.read_ahead(ahead)
+        assert len(got) == 8 and looked == []  # remembered: no GET, no stat of an entry
+    finally:
+        cache.close()
+
+
+def test_a_remembered_entry_evicted_elsewhere_is_fetched_again_never_served_wrong(
+    weed, tier_env, monkeypatch
+):
+    store = s3_store(weed)
+    data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
+    partitions = store.build_manifest(ASSET)["partitions"]
+    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    try:
+        ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))
+        got = counting_gets(cache.store, monkeypatch)
+        cache.read_ahead(ahead)
+        tier = cache.store.tier
+        tier.flush()
+        # Another process's tier over the same folder evicts every entry for its own.
+        other = DiskTier(tier_env, 25_000)
+        time.sleep(0.01)  # the newest entry: the others are evicted for it
+        other.put("ef" * 16, b"o" * 20_000)
+        assert [p for p in tier_env.rglob("*") if len(p.name) == 32] == [
+            tier_env / "ef" / ("ef" * 16)
+        ]
+        cache.read_ahead(ahead)  # the eviction count tells: all 8 fetched again
+        tier.flush()
+        assert len(got) == 16
+        # An entry gone without an eviction (removed by hand) is still remembered by the
+        # read-ahead, and the decode then reads it as a miss and fetches it: never wrong.
+        entry = next(p for p in tier_env.rglob("*") if len(p.name) == 32 and p.name[:2] != "ef")
+        entry.unlink()
+        cache.read_ahead(ahead)
+        assert len(got) == 16
+        np.testing.assert_array_equal(cache.array(ASSET, 1, "lung"), data["scan_1"])
+        assert len(got) == 17
+    finally:
+        cache.close()

@@ -19,7 +19,7 @@ from zarrfeed.store import (
     provenance,
     sanitise_key,
 )
-from zarrfeed.store.chunkio import BloscLayout, write_from
+from zarrfeed.store.chunkio import ZEROED_BYTES, BloscLayout, write_from
 from zarrfeed.store.zarrstore import version_time
 
 
@@ -395,3 +395,22 @@ def test_consolidation_reads_only_what_changed_and_equals_a_fresh_one(store, mon
     fresh = np.concatenate([real("ct/patches", k, "origins") for k in ["a", "b", "c"]])
     np.testing.assert_array_equal(table, fresh)
     np.testing.assert_array_equal(real("datasets/ct", "patches", "offsets"), [0, 4, 8, 12])
+
+
+@pytest.mark.parametrize("fill", [0, -1024])
+def test_a_large_read_gives_the_fill_value_where_no_chunk_was_written(tmp_path, fill):
+    # Beyond ZEROED_BYTES a read with a zero fill decodes into zeroed memory and leaves the
+    # chunks never written as they are; any other fill is written there.
+    store = ZarrStore(tmp_path / "s.zarr")
+    data = np.full((80, 512, 512), fill, np.int16)
+    assert data.nbytes >= ZEROED_BYTES
+    data[:16] = 7
+    data[40:50, 100:300, 7:9] = -3
+    with store.write_partition("ct/hu", "k") as w:
+        w.write("hu", data, chunks=(16, 128, 128), fill_value=fill)
+    array = store.chunked("ct/hu", "k", "hu")
+    written = sum(len(files) for _, _, files in os.walk(f"{array.folder}/c"))
+    assert written == 16 + 6  # of 80 chunks: most were never written
+    np.testing.assert_array_equal(array.read(), data)
+    region = (slice(3, 77), slice(1, 500), slice(5, 511))
+    np.testing.assert_array_equal(array.read(region), data[region])

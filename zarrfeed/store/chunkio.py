@@ -35,6 +35,9 @@ from zarrfeed.store.backends import Backend
 from zarrfeed.store.disktier import DiskTier
 
 Region = tuple[slice, ...]
+# Arrays this large come from fresh pages the kernel zeroes (glibc maps allocations above its
+# largest mmap threshold, 32 MiB): ``np.zeros`` costs what ``np.empty`` does there.
+ZEROED_BYTES = 32 << 20
 WARM_BATCH = 256  # chunks one read-ahead GETs at once (their encoded bytes held meanwhile)
 
 
@@ -172,13 +175,13 @@ class ChunkedArray:
         tier, layout = self.tier, self.layout
         if tier is None or layout is None:
             return 0
-        paths = [f"{self.folder}/{layout.encode_key(c)}" for c in coords]
-        wanted = [(k, p) for k, p in ((tier.key(self.identity, p), p) for p in paths)
-                  if not tier.holds(k)]  # fmt: skip
+        paths = {tier.key(self.identity, p): p
+                 for p in (f"{self.folder}/{layout.encode_key(c)}" for c in coords)}  # fmt: skip
+        wanted = tier.lacking(list(paths))
         for i in range(0, len(wanted), WARM_BATCH):
             part = wanted[i : i + WARM_BATCH]
-            found = self.backend.read_many([p for _, p in part])
-            tier.put_many([(k, d) for (k, _), d in zip(part, found, strict=True) if d])
+            found = self.backend.read_many([paths[k] for k in part])
+            tier.put_many([(k, d) for k, d in zip(part, found, strict=True) if d])
         return len(wanted)
 
     def _through_tier(self, paths: list[str], threads: int | None) -> list:
@@ -207,13 +210,26 @@ class ChunkedArray:
     def read(self, region: Region | None = None, threads: int | None = None) -> np.ndarray:
         """The array (or ``region`` of it) as a new numpy array."""
         region = normalise_region(region, self.shape)
-        out = np.empty(tuple(s.stop - s.start for s in region), self.dtype)
-        return self.read_region_into(region, out, threads)
+        shape = tuple(s.stop - s.start for s in region)
+        nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        if (
+            nbytes >= ZEROED_BYTES
+            and self.layout is not None
+            and _zero_bits(self.layout.fill, self.dtype)
+        ):  # then a chunk never written needs no filling
+            return self._read_into(region, np.zeros(shape, self.dtype), threads, zeroed=True)
+        return self.read_region_into(region, np.empty(shape, self.dtype), threads)
 
     def read_region_into(
         self, region: Region | None, out: np.ndarray, threads: int | None = None
     ) -> np.ndarray:
         """Decode ``region`` of the array into ``out``: only the chunks it overlaps."""
+        return self._read_into(region, out, threads, zeroed=False)
+
+    def _read_into(
+        self, region: Region | None, out: np.ndarray, threads: int | None, zeroed: bool
+    ) -> np.ndarray:
+        """:meth:`read_region_into`; ``zeroed``: ``out`` holds zeros, the fill value."""
         region = normalise_region(region, self.shape)
         if self.layout is None:  # zarr's own codec pipeline
             out[...] = self.array.get_basic_selection(region)
@@ -233,10 +249,11 @@ class ChunkedArray:
                 slice(i.start - r.start, i.stop - r.start)
                 for i, r in zip(inter, region, strict=True)
             )
-            target = out[dst]
             if data is None:
-                target[...] = layout.fill
+                if not zeroed:
+                    out[dst] = layout.fill
                 return
+            target = out[dst]
             whole = all(i == s for i, s in zip(inter, src, strict=True))
             if whole and target.shape == layout.chunks and target.flags.c_contiguous:
                 self._decode(c, data, target)  # straight into the caller's buffer
@@ -370,6 +387,12 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
     it = iter(items)
     while part := list(itertools.islice(it, size)):
         yield part
+
+
+def _zero_bits(fill: object, dtype: np.dtype) -> bool:
+    """Whether ``fill`` as ``dtype`` is all zero bits (what ``np.zeros`` holds)."""
+    value = np.array([fill], dtype)
+    return dtype.kind in "biuf" and not value.view(np.uint8).any()
 
 
 def _only(block: np.ndarray, fill: object) -> bool:

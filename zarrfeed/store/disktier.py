@@ -11,8 +11,15 @@ and carries a header (magic, CRC-32 and length of the payload) checked on every 
 or corrupt file — a power loss can leave a renamed entry without its blocks, since entries are
 not fsynced — is removed and read as a miss, never served.  Bounded: the bytes held are
 counted in a small file under a lock shared by every process on the machine (fork-safe); a
-write that takes the count over the budget evicts the least recently used entries (file
-mtimes are the clock: a hit touches its file) down to :data:`LOW_WATER` of it.
+count that goes over the budget evicts the least recently used entries (file mtimes are the
+clock: a hit touches its file) down to :data:`LOW_WATER` of it.  The background writer counts
+once per batch of entries (or every :data:`COUNT_SHARE` of the budget written), not per entry:
+the count's lock and file cost more than writing a chunk.
+
+What is held is remembered in-process (entries this process wrote or found, and an eviction
+counter every eviction bumps), so that a read-ahead of chunks the tier already holds looks at
+no file (:meth:`DiskTier.lacking`); an entry another process evicted meanwhile is then read as
+a miss and fetched again — remembering never serves bytes, only skips a fetch ahead.
 
 ``ZARRFEED_DISK_CACHE`` names the folder (default ``~/.cache/zarrfeed/chunks``) and
 ``ZARRFEED_DISK_CACHE_GB`` the budget (default 20; 0 turns the tier off).
@@ -23,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import logging
 import multiprocessing.util
 import os
@@ -30,7 +38,6 @@ import shutil
 import struct
 import threading
 import time
-import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,8 +54,11 @@ WRITERS = 1  # background writer threads per process (measured: 4 slowed a cold 
 PENDING_BYTES = 256 << 20  # entries on their way to the disk, per process, at most
 DEFAULT_GB = 20.0
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+COUNT_SHARE = 0.01  # a batch's bytes are counted at least every this share of the budget
+KNOWN_MAX = 200_000  # entries remembered per process (about 25 MB); forgotten beyond
 _TMP = ".tmp"
-_USAGE, _LOCK = "usage", "usage.lock"
+_USAGE, _LOCK, _EVICTIONS = "usage", "usage.lock", "evictions"
+_SEQUENCE = itertools.count()  # temporary file names: unique within a process with its pid
 
 
 def tier_folder() -> Path:
@@ -71,11 +81,16 @@ class DiskTier:
 
     def __init__(self, folder: str | Path, budget_bytes: int) -> None:
         self.folder = Path(folder)
+        self._root = str(self.folder)
         self.budget_bytes = int(budget_bytes)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.hits = self.misses = self.discarded = 0  # this process's
         # Entries handed to the writers and not yet renamed into place: served from here.
         self._pending: dict[str, bytes] = {}
+        self._pending_total = 0
+        # Entries this process wrote or found here since the eviction count it last read.
+        self._known: set[str] = set()
+        self._known_at = self._evictions()
         self._room = threading.Condition()
         self._writers: tuple[int, ThreadPoolExecutor] | None = None
         self._readers: tuple[int, ThreadPoolExecutor] | None = None
@@ -92,8 +107,13 @@ class DiskTier:
         """The entry of object ``path`` of the store ``identity``."""
         return hashlib.blake2b(f"{identity}\0{path}".encode(), digest_size=16).hexdigest()
 
-    def _path(self, key: str) -> Path:
-        return self.folder / key[:2] / key
+    def _path(self, key: str) -> str:
+        return f"{self._root}/{key[:2]}/{key}"
+
+    def _remember(self, key: str) -> None:
+        if len(self._known) >= KNOWN_MAX:
+            self._known.clear()
+        self._known.add(key)
 
     # reading ---------------------------------------------------------------------------------
     def get(self, key: str) -> bytes | memoryview | None:
@@ -109,6 +129,7 @@ class DiskTier:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
+            self._known.discard(key)
             self.misses += 1
             return None
         payload = _verified(data)
@@ -116,17 +137,35 @@ class DiskTier:
             log.warning("disk tier: %s is torn or corrupt; removed, fetching it again", path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+            self._known.discard(key)
             self.discarded += 1
             self.misses += 1
             return None
         with contextlib.suppress(FileNotFoundError):
             os.utime(path)  # most recently used
+        self._remember(key)
         self.hits += 1
         return payload
 
-    def holds(self, key: str) -> bool:
-        """Whether the entry is here or on its way (not verified: :meth:`get` does that)."""
-        return key in self._pending or self._path(key).exists()
+    def lacking(self, keys: Sequence[str]) -> list[str]:
+        """The keys of ``keys`` whose entries are neither here nor on their way: what a
+        read-ahead fetches.  An entry this process wrote or found since the last eviction
+        (one small file read tells) is taken as held without looking at its file; the
+        others are looked at once.  Not verified: :meth:`get` does that, and reads an entry
+        evicted meanwhile as a miss."""
+        evictions = self._evictions()
+        if evictions != self._known_at:
+            self._known.clear()
+            self._known_at = evictions
+        out = []
+        for key in keys:
+            if key in self._pending or key in self._known:
+                continue
+            if os.path.exists(self._path(key)):
+                self._remember(key)
+            else:
+                out.append(key)
+        return out
 
     def get_many(self, keys: Sequence[str], threads: int = 8) -> list[bytes | memoryview | None]:
         """Many entries at once (None where missing), read in ``threads`` threads."""
@@ -150,43 +189,76 @@ class DiskTier:
     def put(self, key: str, payload: bytes) -> None:
         """Publish an entry: temporary file, rename (no fsync: the header check catches what
         a power loss tore, and the chunk is fetched again); then count its bytes."""
+        self.put_batch([(key, payload)])
+
+    def put_batch(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Publish entries as :meth:`put` does, counting their bytes once per
+        :data:`COUNT_SHARE` of the budget instead of once per entry; what was written is
+        counted even when a write fails (its error is raised then)."""
+        every = max(1, int(self.budget_bytes * COUNT_SHARE))
+        uncounted = 0
+        try:
+            for key, payload in items:
+                uncounted += self._write(key, payload)
+                if uncounted >= every:
+                    self._count(uncounted)
+                    uncounted = 0
+        finally:
+            if uncounted:
+                self._count(uncounted)
+
+    def _write(self, key: str, payload: bytes) -> int:
+        """Write one entry into place; returns its bytes."""
         path = self._path(key)
-        tmp = path.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_TMP}")
+        tmp = f"{self._root}/{key[:2]}/.{key}.{os.getpid()}-{next(_SEQUENCE)}{_TMP}"
         header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_atomic(path, tmp, header, payload, durable=False)
-        self._count(HEADER.size + len(payload))
+        try:
+            write_file_atomic(path, tmp, header, payload, durable=False)
+        except FileNotFoundError:  # its subfolder is not made yet (or was cleared)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_file_atomic(path, tmp, header, payload, durable=False)
+        self._remember(key)
+        return HEADER.size + len(payload)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Publish entries in the background (a reader does not wait for the disk);
         waits only while :data:`PENDING_BYTES` are already on their way.  Until an entry is
         in place, :meth:`get` serves it from memory."""
         if self._writers is None or self._writers[0] != os.getpid():  # or a forked copy's
-            self._pending, self._room = {}, threading.Condition()
+            self._pending, self._pending_total = {}, 0
+            self._room = threading.Condition()
             # A DataLoader worker leaves through multiprocessing's exit, which skips the
             # interpreter's: the writes still on their way are finished then.
             multiprocessing.util.Finalize(self, self.flush, exitpriority=10)
         writers = self._pool("_writers", WRITERS)
+        batch: list[tuple[str, bytes]] = []
         for key, payload in items:
             with self._room:
-                while self._pending and self._pending_bytes() + len(payload) > PENDING_BYTES:
+                full = self._pending_total + len(payload) > PENDING_BYTES
+            if full and batch:  # hand over what waits here before waiting for room
+                writers.submit(self._write_pending, batch)
+                batch = []
+            with self._room:
+                while self._pending and self._pending_total + len(payload) > PENDING_BYTES:
                     self._room.wait()
                 if key in self._pending:
                     continue
                 self._pending[key] = payload
-            writers.submit(self._write_pending, key, payload)
+                self._pending_total += len(payload)
+            batch.append((key, payload))
+        if batch:
+            writers.submit(self._write_pending, batch)
 
-    def _pending_bytes(self) -> int:
-        return sum(len(p) for p in self._pending.values())
-
-    def _write_pending(self, key: str, payload: bytes) -> None:
+    def _write_pending(self, batch: list[tuple[str, bytes]]) -> None:
         try:
-            self.put(key, payload)
-        except OSError as exc:  # a cache: the chunk is fetched again next time
-            log.warning("disk tier: could not keep a chunk in %s (%s)", self.folder, exc)
+            self.put_batch(batch)
+        except OSError as exc:  # a cache: the chunks are fetched again next time
+            log.warning("disk tier: could not keep chunks in %s (%s)", self.folder, exc)
         finally:
             with self._room:
-                self._pending.pop(key, None)
+                for key, payload in batch:
+                    if self._pending.pop(key, None) is not None:
+                        self._pending_total -= len(payload)
                 self._room.notify_all()
 
     def flush(self) -> None:
@@ -217,7 +289,22 @@ class DiskTier:
                 held = self._scan_bytes()
             if held > self.budget_bytes:
                 held = self._evict(int(self.budget_bytes * LOW_WATER))
+                self._evicted()
             (self.folder / _USAGE).write_text(str(held))
+
+    def _evictions(self) -> int:
+        """How many evictions (and clears) the tier has seen, by any process."""
+        try:
+            with open(f"{self._root}/{_EVICTIONS}", "rb") as f:
+                return int(f.read() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _evicted(self) -> None:
+        """Count an eviction (under the lock): every process's remembered entries are
+        looked at again."""
+        (self.folder / _EVICTIONS).write_text(str(self._evictions() + 1))
+        self._known.clear()
 
     def _entries(self) -> list[tuple[float, int, Path]]:
         """(mtime, bytes, path) of every entry; stale temporary files are removed."""
@@ -273,6 +360,7 @@ class DiskTier:
                 if sub.is_dir(follow_symlinks=False):
                     shutil.rmtree(sub.path, ignore_errors=True)
             (self.folder / _USAGE).write_text("0")
+            self._evicted()
 
 
 def _verified(data: bytes) -> memoryview | None:
