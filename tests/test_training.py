@@ -33,7 +33,7 @@ BOUNDS = {
 
 def config(built, tmp_path, task: str, **train_opts) -> TrainConfig:
     store, _ = built
-    width = 8 if task == "sparse_autoencoder" else 16  # 64³ grids: keep the CPU run short
+    width = 8 if task == "sparse_autoencoder" else 16  # 3-D grids: keep the CPU run short
     return TrainConfig.model_validate(
         {
             "task": task,
