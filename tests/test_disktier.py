@@ -278,16 +278,21 @@ def test_a_worker_forked_while_the_lock_is_held_does_not_wait_forever(tmp_path):
     assert tier.get("ef" * 16) == b"e" * 1000
 
 
+def out_of_core(weed) -> tuple[CachedArrays, np.ndarray, dict[str, np.ndarray]]:
+    """A RAM cache over 4 scans committed in the bucket, beyond its budget (out of core); the
+    units of scan 1 (what a block sampler reads ahead); each scan's data."""
+    store = s3_store(weed)
+    data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
+    partitions = store.build_manifest(ASSET)["partitions"]
+    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    return cache, cache.units.whole_units(ASSET, ["lung"], np.array([1])), data
+
+
 def test_a_read_ahead_of_what_a_warm_tier_holds_fetches_nothing_and_looks_at_no_chunk_file(
     weed, tier_env, monkeypatch
 ):
-    store = s3_store(weed)
-    for i in range(4):  # beyond the cache budget: out of core
-        commit(store, f"scan_{i}", i)
-    partitions = store.build_manifest(ASSET)["partitions"]
-    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    cache, ahead, _ = out_of_core(weed)
     try:
-        ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))
         got = counting_gets(cache.store, monkeypatch)
         cache.read_ahead(ahead)
         cache.store.tier.flush()
@@ -310,12 +315,8 @@ def test_a_read_ahead_of_what_a_warm_tier_holds_fetches_nothing_and_looks_at_no_
 def test_a_remembered_entry_evicted_elsewhere_is_fetched_again_never_served_wrong(
     weed, tier_env, monkeypatch
 ):
-    store = s3_store(weed)
-    data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
-    partitions = store.build_manifest(ASSET)["partitions"]
-    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    cache, ahead, data = out_of_core(weed)
     try:
-        ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))
         got = counting_gets(cache.store, monkeypatch)
         cache.read_ahead(ahead)
         tier = cache.store.tier
