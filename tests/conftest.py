@@ -40,6 +40,18 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.modules["torch"].set_num_threads(share)
 
 
+# Files that take minutes, longest first.  pytest-xdist hands whole files to its workers in
+# collection order (``--no-loadscope-reorder``; its default orders files by test count), so
+# these start at once, beside the many short files, instead of ending the run on one worker.
+LONGEST_FIRST = ("test_demo.py", "test_benchmarks.py", "test_run_monitoring.py",
+                 "test_deploy_celery.py", "test_s3.py", "test_training.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cache_root():
     """Shared caches made by the tests live in one folder removed at the end (tmpfs is RAM)."""

@@ -57,6 +57,13 @@ def run_record(instance: Any, run_id: str) -> Any:
     return instance.get_run_record_by_id(run_id)
 
 
+def failures(instance: Any, run: Any) -> list[str]:
+    """Why ``run`` failed: the messages of its step and run failure events."""
+    kinds = (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE)
+    records = [r for kind in kinds for r in step_events(instance, run.run_id, kind)]
+    return [r.event_log_entry.message or "" for r in records] or [str(run.status)]
+
+
 def crash_and_recover(
     d: Deployment, victims: dict[str, Path], run_config: dict, workers: tuple[str, ...] = ()
 ) -> dict[str, float]:
@@ -127,7 +134,7 @@ def crash_and_recover(
 
         retries = d.wait_until(retried, 300, "the automatic retries of the crashed runs")
         for retry in retries:
-            assert retry.is_success, (retry.tags["dagster/partition"], retry.status)
+            assert retry.is_success, (retry.tags["dagster/partition"], failures(instance, retry))
             assert instance.get_run_stats(retry.run_id).steps_failed == 0
             made = step_events(instance, retry.run_id, dg.DagsterEventType.ASSET_MATERIALIZATION)
             assert made, "the retry materialised nothing"
