@@ -313,7 +313,21 @@ class Backfill:
     build: float  # seconds the steps spent building, summed over the steps
     building: float  # seconds during which at least one step was building (the union)
     before_run: float  # seconds from the launch to the daemon creating the first run
-    timeline: list[str]  # where the wall time went, one line per phase
+    timeline: list[str]  # when each run and step reached each phase, one line each
+    phases: dict[str, float]  # seconds outside the builds, by phase, summed over runs and steps
+
+
+# Where a backfill's wall time outside the builds goes (Backfill.phases), in order.
+PHASES = (
+    "daemon's backfill tick",  # launch to the first run created (the daemon loops every 30 s)
+    "run creation",  # created (its planned events written) to enqueued
+    "run queue",  # enqueued to dequeued by the run coordinator
+    "run process start",  # dequeued to the run's process executing it
+    "executor (before each step, after the last)",
+    "step dispatch (submitted to step start)",  # Celery queue, worker or subprocess start
+    "step set-up (step start to building)",
+    "step finish (building to step success)",
+)
 
 
 def union_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -337,6 +351,9 @@ def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: flo
     one-partition run logs none: its building would count as orchestration)."""
     records = instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/backfill": backfill}))
     intervals, partitions, timeline = [], 0, []
+    phases = dict.fromkeys(PHASES, 0.0)
+    first_run = min(r.create_timestamp.timestamp() for r in records)
+    phases["daemon's backfill tick"] = first_run - launched
 
     def at(t: float) -> str:
         return f"{t - launched:.1f}"
@@ -348,9 +365,15 @@ def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: flo
         first: dict[tuple[str | None, str], float] = {}
         for e in events:
             first.setdefault((e.step_key, kind(e)), e.timestamp)
-        starts = {step: t for (step, kind), t in first.items() if kind == "STEP_START"}
+        starts = {step: t for (step, what), t in first.items() if what == "STEP_START"}
+        created = record.create_timestamp.timestamp()
+        run_start = first[None, "PIPELINE_START"]
+        phases["run creation"] += first[None, "PIPELINE_ENQUEUED"] - created
+        phases["run queue"] += first[None, "PIPELINE_STARTING"] - first[None, "PIPELINE_ENQUEUED"]
+        phases["run process start"] += run_start - first[None, "PIPELINE_STARTING"]
+        previous = run_start  # the executor hands out the next step after this
         timeline.append(
-            f"run {run[:8]}: created by the daemon {at(record.create_timestamp.timestamp())}, "
+            f"run {run[:8]}: created by the daemon {at(created)}, "
             f"enqueued {at(first[None, 'PIPELINE_ENQUEUED'])}, dequeued "
             f"{at(first[None, 'PIPELINE_STARTING'])}, run process started "
             f"{at(first[None, 'PIPELINE_START'])}, run success {at(record.end_time)}"
@@ -370,11 +393,18 @@ def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: flo
             intervals.append((end - seconds, end))
             partitions += built
             submitted = min(t for (k, _), t in first.items() if k == step)
+            success = first[step, "STEP_SUCCESS"]
+            phases["executor (before each step, after the last)"] += max(0, submitted - previous)
+            phases["step dispatch (submitted to step start)"] += starts[step] - submitted
+            phases["step set-up (step start to building)"] += end - seconds - starts[step]
+            phases["step finish (building to step success)"] += success - end
+            previous = max(previous, success)
             timeline.append(
                 f"  {step}: submitted {at(submitted)}, step start {at(starts[step])}, building "
                 f"{at(end - seconds)}-{at(end)} ({built} partitions), step success "
-                f"{at(first[step, 'STEP_SUCCESS'])}"
+                f"{at(success)}"
             )
+        phases["executor (before each step, after the last)"] += record.end_time - previous
     return Backfill(
         wall=max(r.end_time for r in records) - launched,
         runs=len(records),
@@ -382,8 +412,9 @@ def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: flo
         partitions=partitions,
         build=sum(e - s for s, e in intervals),
         building=union_seconds(intervals),
-        before_run=min(r.create_timestamp.timestamp() for r in records) - launched,
+        before_run=phases["daemon's backfill tick"],
         timeline=timeline,
+        phases=phases,
     )
 
 
@@ -428,6 +459,8 @@ def backfills(work: Path) -> None:
         b = found[executor] = backfill(work, raw, executor)
         for line in b.timeline:
             print(f"# {executor} (s since launch) {line}", flush=True)
+        print(f"# {executor} outside the builds (s): "
+              + ", ".join(f"{p} {s:.1f}" for p, s in b.phases.items()), flush=True)  # fmt: skip
         text = f"8 CT partitions ({CT_SHAPES['full']} scans), daemon + Postgres, {how}"
         bench(f"build.backfill_8_s.{executor}", b.wall, "s", f"{text}: launch to last run end")
         bench(f"build.backfill_orchestration_share.{executor}", 1 - b.building / b.wall, "share",
