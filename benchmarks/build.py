@@ -296,8 +296,8 @@ def dagster_overhead(work: Path, n: int) -> None:
           "one run per partition: SQLite time / Postgres time")  # fmt: skip
 
 
-# What a batched step logs once its partitions are built (materialize_partitions): the log
-# record's timestamp is the end of the build, its seconds say when the build started.
+# What a batched step logs once its partitions are built and recorded (materialize_partitions):
+# the log record's timestamp minus its seconds is when the build started.
 BUILT = re.compile(r"built (\d+) of (\d+) partitions, \d+ at once, in ([\d.]+) s")
 
 
@@ -326,7 +326,7 @@ PHASES = (
     "executor (before each step, after the last)",
     "step dispatch (submitted to step start)",  # Celery queue, worker or subprocess start
     "step set-up (step start to building)",
-    "step finish (building to step success)",
+    "step finish (building to step success)",  # last partition's events, step outputs
 )
 
 
@@ -347,8 +347,9 @@ def kind(entry: dg.EventLogEntry) -> str:
 
 def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: float) -> Backfill:
     """The backfill ``backfill`` (launched at ``launched``, epoch seconds) from the run storage
-    and the event log.  A successful step that logged no build line fails the measure (a
-    one-partition run logs none: its building would count as orchestration)."""
+    and the event log.  A step builds from its build line's start to the first event of the
+    last partition it recorded.  A successful step that logged no build line fails the
+    measure (a one-partition run logs none: its building would count as orchestration)."""
     records = instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/backfill": backfill}))
     intervals, partitions, timeline = [], 0, []
     phases = dict.fromkeys(PHASES, 0.0)
@@ -388,20 +389,26 @@ def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: flo
                     f"run {run}: step {step} logged {len(lines)} lines 'built N of M "
                     f"partitions, K at once, in T s', expected 1"
                 )
-            end, match = lines[0]
+            logged, match = lines[0]
             built, seconds = int(match[1]), float(match[3])
-            intervals.append((end - seconds, end))
+            start = logged - seconds
+            # The line follows the recording of the last partition built: its build ended
+            # when its first materialisation was written.
+            done = [e for e in mine if kind(e) == "ASSET_MATERIALIZATION" and e.timestamp <= logged]
+            last = done[-1].dagster_event.partition
+            end = min(e.timestamp for e in done if e.dagster_event.partition == last)
+            intervals.append((start, end))
             partitions += built
             submitted = min(t for (k, _), t in first.items() if k == step)
             success = first[step, "STEP_SUCCESS"]
             phases["executor (before each step, after the last)"] += max(0, submitted - previous)
             phases["step dispatch (submitted to step start)"] += starts[step] - submitted
-            phases["step set-up (step start to building)"] += end - seconds - starts[step]
+            phases["step set-up (step start to building)"] += start - starts[step]
             phases["step finish (building to step success)"] += success - end
             previous = max(previous, success)
             timeline.append(
                 f"  {step}: submitted {at(submitted)}, step start {at(starts[step])}, building "
-                f"{at(end - seconds)}-{at(end)} ({built} partitions), step success "
+                f"{at(start)}-{at(end)} ({built} partitions), step success "
                 f"{at(success)}"
             )
         phases["executor (before each step, after the last)"] += record.end_time - previous
