@@ -3,12 +3,15 @@ per-scan preprocessing script over the same scans, with Dagster's share per part
 the runs it created; the whole CT branch per scan vs the naive script and vs
 the same Dagster run with empty asset bodies (the part no body can save), Dagster's
 per-partition overhead with one run per partition vs batched runs and on a SQLite
-vs a Postgres instance, and an 8-partition CT backfill through the daemon with steps on 2
-Celery workers vs the multiprocess executor (deploy/README.md).
+vs a Postgres instance, and the production shape: an 8-partition CT backfill of full-size
+scans through the daemon and a Postgres instance with steps on 2 Celery workers vs the
+multiprocess executor (deploy/README.md), its wall time, runs, and the share of that time
+during which no step was building partitions (read from the instance's event log).
 
     python benchmarks/build.py            # a 512×512×300 CT-RATE-class scan, 100 partitions
     python benchmarks/build.py --quick    # small inputs, no backfills (CI smoke run)
     python benchmarks/build.py --only-backfill --backfill-scans 8   # the CT backfill only
+    python benchmarks/build.py --only-production   # the production-shape backfill only
 
 The Postgres and Celery figures need Postgres and Redis on 127.0.0.1 (tests/services.py
 says how to start them) and their Python clients; where they are missing, those figures are
@@ -18,12 +21,15 @@ skipped with a line that says why, and the others are still measured.
 import argparse
 import functools
 import importlib.util
+import math
 import os
+import re
 import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -290,10 +296,137 @@ def dagster_overhead(work: Path, n: int) -> None:
           "one run per partition: SQLite time / Postgres time")  # fmt: skip
 
 
-def backfill_seconds(work: Path, raw: Path, executor: str) -> float:
-    """Wall time of an 8-partition CT backfill (default CT settings) launched like the UI does
-    and run by the daemon on a fresh Postgres instance with deploy/dagster.yaml's limits:
-    steps on 2 Celery workers, or in subprocesses of each run (multiprocess executor)."""
+# What a batched step logs once its partitions are built and recorded (materialize_partitions):
+# the log record's timestamp minus its seconds is when the build started.
+BUILT = re.compile(r"built (\d+) of (\d+) partitions, \d+ at once, in ([\d.]+) s")
+
+
+@dataclass
+class Backfill:
+    """A backfill as its instance recorded it: wall time from launch to the last run's end,
+    and when each step of its runs was building partitions (from the steps' build lines)."""
+
+    wall: float
+    runs: int
+    steps: int
+    partitions: int  # partitions built, summed over the steps
+    build: float  # seconds the steps spent building, summed over the steps
+    building: float  # seconds during which at least one step was building (the union)
+    timeline: list[str]  # when each run and step reached each phase, one line each
+    phases: dict[str, float]  # seconds outside the builds, by phase, summed over runs and steps
+
+
+# Where a backfill's wall time outside the builds goes (Backfill.phases), in order.
+PHASES = (
+    "backfill daemon tick",  # launch to the first run created (the daemon loops every 30 s)
+    "run creation",  # created (its planned events written) to enqueued
+    "run queue",  # enqueued to dequeued by the run coordinator
+    "run process start",  # dequeued to the run's process executing it
+    "executor (before each step, after the last)",
+    "step dispatch (submitted to step start)",  # Celery queue, worker or subprocess start
+    "step set-up (step start to building)",
+    "step finish (building to step success)",  # last partition's events, step outputs
+)
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``intervals`` ((start, end) pairs)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def kind(entry: dg.EventLogEntry) -> str:
+    """The entry's Dagster event type (``STEP_START``...), ``LOG`` for a log message."""
+    return entry.dagster_event.event_type_value if entry.dagster_event else "LOG"
+
+
+def recorded_backfill(instance: dg.DagsterInstance, backfill: str, launched: float) -> Backfill:
+    """The backfill ``backfill`` (launched at ``launched``, epoch seconds) from the run storage
+    and the event log.  A step builds from its build line's start to the first event of the
+    last partition it recorded.  A successful step that logged no build line fails the
+    measure (a one-partition run logs none: its building would count as orchestration)."""
+    records = instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/backfill": backfill}))
+    intervals, partitions, timeline = [], 0, []
+    phases = dict.fromkeys(PHASES, 0.0)
+    first_run = min(r.create_timestamp for r in records).timestamp()
+    phases["backfill daemon tick"] = first_run - launched
+
+    def at(t: float) -> str:
+        return f"{t - launched:.1f}"
+
+    for record in sorted(records, key=lambda r: r.create_timestamp):
+        run = record.dagster_run.run_id
+        # The events of the run as it ran (the planned ones are written when it is created).
+        events = [e for e in instance.all_logs(run) if not kind(e).endswith("_PLANNED")]
+        first: dict[tuple[str | None, str], float] = {}
+        for e in events:
+            first.setdefault((e.step_key, kind(e)), e.timestamp)
+        starts = {step: t for (step, what), t in first.items() if what == "STEP_START"}
+        created = record.create_timestamp.timestamp()
+        run_start = first[None, "PIPELINE_START"]
+        phases["run creation"] += first[None, "PIPELINE_ENQUEUED"] - created
+        phases["run queue"] += first[None, "PIPELINE_STARTING"] - first[None, "PIPELINE_ENQUEUED"]
+        phases["run process start"] += run_start - first[None, "PIPELINE_STARTING"]
+        previous = run_start  # the executor hands out the next step after this
+        timeline.append(
+            f"run {run[:8]}: created by the daemon {at(created)}, "
+            f"enqueued {at(first[None, 'PIPELINE_ENQUEUED'])}, dequeued "
+            f"{at(first[None, 'PIPELINE_STARTING'])}, run process started "
+            f"{at(first[None, 'PIPELINE_START'])}, run success {at(record.end_time)}"
+        )
+        for step in sorted(starts, key=starts.get):
+            if (step, "STEP_SUCCESS") not in first:
+                raise AssertionError(f"run {run}: step {step} did not succeed")
+            mine = [e for e in events if e.step_key == step]
+            lines = [(e.timestamp, m) for e in mine if (m := BUILT.search(e.user_message or ""))]
+            if len(lines) != 1:
+                raise AssertionError(
+                    f"run {run}: step {step} logged {len(lines)} lines 'built N of M "
+                    f"partitions, K at once, in T s', expected 1"
+                )
+            logged, match = lines[0]
+            built, seconds = int(match[1]), float(match[3])
+            start = logged - seconds
+            # The line follows the recording of the last partition built: its build ended
+            # when its first materialisation was written.
+            done = [e for e in mine if kind(e) == "ASSET_MATERIALIZATION" and e.timestamp <= logged]
+            last = done[-1].dagster_event.partition
+            end = min(e.timestamp for e in done if e.dagster_event.partition == last)
+            intervals.append((start, end))
+            partitions += built
+            submitted = min(t for (k, _), t in first.items() if k == step)
+            success = first[step, "STEP_SUCCESS"]
+            phases["executor (before each step, after the last)"] += max(0, submitted - previous)
+            phases["step dispatch (submitted to step start)"] += starts[step] - submitted
+            phases["step set-up (step start to building)"] += start - starts[step]
+            phases["step finish (building to step success)"] += success - end
+            previous = max(previous, success)
+            timeline.append(
+                f"  {step}: submitted {at(submitted)}, step start {at(starts[step])}, building "
+                f"{at(start)}-{at(end)} ({built} partitions), step success "
+                f"{at(success)}"
+            )
+        phases["executor (before each step, after the last)"] += record.end_time - previous
+    return Backfill(
+        wall=max(r.end_time for r in records) - launched,
+        runs=len(records),
+        steps=len(intervals),
+        partitions=partitions,
+        build=sum(e - s for s, e in intervals),
+        building=union_seconds(intervals),
+        timeline=timeline,
+        phases=phases,
+    )
+
+
+def backfill(work: Path, raw: Path, executor: str) -> Backfill:
+    """An 8-partition CT backfill (default CT settings) launched like the UI does and run by
+    the daemon on a fresh Postgres instance with deploy/dagster.yaml's limits: steps on 2
+    Celery workers, or in subprocesses of each run (multiprocess executor)."""
     workers = ("w1", "w2") if executor == "celery" else ()
     production = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
     with postgres_database() as pg, redis_database() as broker:
@@ -304,15 +437,19 @@ def backfill_seconds(work: Path, raw: Path, executor: str) -> float:
             folder, raw, instance_yaml(production), env, workers, default_settings
         ) as (d, keys):
             d.set_pool_limit("zarrfeed_io", 8)
-            t0 = time.perf_counter()
+            launched = time.time()
             expected = -(-len(keys) // BATCH.max_partitions_per_run)  # batched: runs over ranges
-            runs = d.wait_backfill(d.launch_backfill("ct_build", keys), expected)
-            seconds = time.perf_counter() - t0
-    assert all(r.is_success for r in runs), [r.status for r in runs]
-    return seconds
+            backfill_id = d.launch_backfill("ct_build", keys)
+            runs = d.wait_backfill(backfill_id, expected)
+            assert all(r.is_success for r in runs), [r.status for r in runs]
+            with d.instance() as instance:
+                return recorded_backfill(instance, backfill_id, launched)
 
 
 def backfills(work: Path) -> None:
+    """The production shape (daemon, Postgres, Celery workers; then the multiprocess
+    executor) on 8 full-size scans: wall time, runs, and the share of the wall time during
+    which no step was building partitions, with where that time went as ``#`` lines."""
     missing = production_missing(
         ("psycopg2", "dagster_postgres", "redis", "celery", "dagster_celery"),
         {"PostgreSQL": PG_PORT, "Redis": REDIS_PORT},
@@ -320,14 +457,27 @@ def backfills(work: Path) -> None:
     if missing:
         print(f"# build.backfill_* skipped: {missing}", flush=True)
         return
-    raw = ct_raw(work / "raw8", 8)
-    celery = backfill_seconds(work, raw, "celery")
-    multiprocess = backfill_seconds(work, raw, "multiprocess")
-    text = "8 CT partitions (40x96x96 scans), batched runs, daemon + Postgres, wall time"
-    bench("build.backfill_8_s.celery", celery, "s", f"{text}, steps on 2 Celery workers")
-    bench("build.backfill_8_s.multiprocess", multiprocess, "s", f"{text}, multiprocess executor")
-    ratio("build.backfill_celery_vs_multiprocess", celery, multiprocess,
-          "8-partition backfill: multiprocess time / Celery time")  # fmt: skip
+    raw = ct_raw(work / "raw8", 8, "full")
+    found = {}
+    for executor, how in (("celery", "steps on 2 Celery workers"),
+                          ("multiprocess", "multiprocess executor")):  # fmt: skip
+        b = found[executor] = backfill(work, raw, executor)
+        for line in b.timeline:
+            print(f"# {executor} (s since launch) {line}", flush=True)
+        print(f"# {executor} outside the builds (s): "
+              + ", ".join(f"{p} {s:.1f}" for p, s in b.phases.items()), flush=True)  # fmt: skip
+        text = f"8 CT partitions ({CT_SHAPES['full']} scans), daemon + Postgres, {how}"
+        bench(f"build.backfill_8_s.{executor}", b.wall, "s", f"{text}: launch to last run end")
+        bench(f"build.backfill_orchestration_share.{executor}", 1 - b.building / b.wall, "share",
+              f"{text}: share of the wall time with no step building partitions; wall "
+              f"{b.wall:.1f} s ({b.phases['backfill daemon tick']:.1f} s before a run existed), "
+              f"{b.runs} run(s), {b.steps} steps, {b.partitions} partition builds, "
+              f"{b.building:.1f} s with a step building ({b.build:.1f} s summed)")  # fmt: skip
+    bench("build.backfill_runs", found["celery"].runs, "runs",
+          f"runs the 8-partition backfill created (multiprocess executor: "
+          f"{found['multiprocess'].runs})")  # fmt: skip
+    ratio("build.backfill_celery_vs_multiprocess", found["celery"].wall,
+          found["multiprocess"].wall, "8-partition backfill: multiprocess / Celery")  # fmt: skip
 
 
 BUILDING: list[float] = []  # wall seconds each batched step spent building its partitions
@@ -416,11 +566,16 @@ def main() -> None:
                         help="scans in the CT backfill figure")  # fmt: skip
     parser.add_argument("--only-backfill", action="store_true",
                         help="measure the CT backfill figures only")  # fmt: skip
+    parser.add_argument("--only-production", action="store_true",
+                        help="measure the production-shape backfill figures only")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp())
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "home2").mkdir()
+        if args.only_production:
+            backfills(work)
+            return
         size = "small" if args.quick else "full"
         ct_backfill(work, size, 4 if args.quick else args.backfill_scans)
         if args.only_backfill:

@@ -49,11 +49,12 @@ def small_defs() -> dg.Definitions:
     return dg.Definitions.merge(*(part.build_defs(None) for part in parts))
 
 
-def ct_raw(folder: Path, scans: int) -> Path:
-    """``scans`` small synthetic CT-RATE volumes under ``folder``."""
+def ct_raw(folder: Path, scans: int, size: str = "small") -> Path:
+    """``scans`` synthetic CT-RATE volumes of ``size`` (``make_ct_rate``'s: ``"small"``
+    40×96×96, ``"full"`` 300×512×512) under ``folder``, the raw folder a deployment reads."""
     from zarrfeed.samples import make_ct_rate
 
-    list(make_ct_rate(folder / "ct-rate", scans, "small", np.random.default_rng(0)))
+    list(make_ct_rate(folder / "ct-rate", scans, size, np.random.default_rng(0)))
     return folder
 
 
