@@ -1,12 +1,19 @@
 """The ``zarrfeed`` command as a person uses it: its help, the common mistakes, ``inspect``,
-``verify`` and ``status`` (plain text when piped, ``--json`` for scripts).  Its commands on
-the demo's instance are tested in test_demo.py, which has that instance."""
+``verify`` and ``status`` (plain text when piped, ``--json`` for scripts), ``demo`` in a real
+terminal.  Its commands on the demo's instance are tested in test_demo.py, which has that
+instance."""
 
+import contextlib
 import json
 import os
+import pty
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +213,59 @@ def test_a_missing_raw_folder_is_reported_per_family_and_fails_verify(built, tmp
         ("ct", ["train_1_a_1"], f"{scan} is missing")
     ]
     assert gone[0]["fix"].endswith("zarrfeed partitions remove ct train_1_a_1")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.mark.slow
+def test_demo_in_a_terminal_shows_its_bar_only_and_ctrl_c_one_line(sample_dir, tmp_path):
+    """In a real terminal (a pseudo-terminal here), Dagster's logs go to demo.log, never
+    between the bar's redraws; Ctrl-C after the first run prints one line.  The demo runs on
+    the sample data with a fresh store and instance, and is stopped once one run is done."""
+    raw = tmp_path / "raw"
+    shutil.copytree(sample_dir, raw)
+    home = tmp_path / "home"
+    args = [str(BIN / "zarrfeed"), "demo", "--raw", str(raw),
+            "--store", str(tmp_path / "store.zarr"), "--dagster-home", str(home)]  # fmt: skip
+    run_env = {**os.environ, "DAGSTER_HOME": str(home), "ZARRFEED_RAW": str(raw),
+               "ZARRFEED_STORE": str(tmp_path / "store.zarr"),
+               "ZARRFEED_MODELS": str(tmp_path / "models"),
+               "COLUMNS": "120", "LINES": "40"}  # fmt: skip
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the demo, its terminal the pseudo-terminal
+        os.chdir(tmp_path)
+        os.execve(args[0], args, run_env)
+    out, interrupted_at, deadline = bytearray(), None, time.monotonic() + 300
+    log = home / "demo.log"
+    try:
+        while time.monotonic() < deadline:
+            if interrupted_at is None and log.exists() and "RUN_SUCCESS" in log.read_text():
+                interrupted_at = len(out)
+                os.write(fd, b"\x03")  # Ctrl-C as a terminal sends it: to the whole group
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # EIO: the demo exited and closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    text = ANSI.sub("", out.decode(errors="replace"))
+    assert interrupted_at is not None, text[-3000:]
+    assert os.waitstatus_to_exitcode(status) == 130, text[-3000:]
+    assert "━" in text  # the progress bar: the terminal path, not the piped one
+    assert " - DEBUG - " not in text and "Traceback" not in text, text[-3000:]
+    after = ANSI.sub("", out[interrupted_at:].decode(errors="replace"))
+    lines = [ln.strip() for ln in re.split(r"[\r\n]", after)]
+    said = [ln for ln in lines if ln and ln != "^C" and "━" not in ln]
+    assert said == ["zarrfeed demo: interrupted"], said
+    logged = log.read_text()
+    for event in ("STEP_START", "ASSET_MATERIALIZATION", "RUN_SUCCESS", " - DEBUG - "):
+        assert event in logged, event  # Dagster's full logs

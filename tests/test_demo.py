@@ -14,17 +14,12 @@ GraphQL API rebuilds a partition.  Screenshots are saved for a person to look at
 The tests share the instance and run in this order, on one worker (pytest-xdist distributes
 by file): the ones before ``dg dev`` count runs and partitions that its daemon would add to."""
 
-import contextlib
 import json
 import os
-import pty
 import re
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -430,55 +425,3 @@ def test_a_partition_run_launched_through_the_graphql_api_succeeds(demo, dev):
     assert any(r["runId"] == run_id for r in graphql_runs(port, "inspection_test"))
     assert store.commit_record("images/patches", "inspection_test")["version"] != before
     assert {"inspection_test", "inspection_train"} <= set(store.list_partitions("images/patches"))
-
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def test_demo_in_a_terminal_shows_its_bar_only_and_ctrl_c_one_line(demo, tmp_path):
-    """In a real terminal (a pseudo-terminal here), Dagster's logs go to demo.log, never
-    between the bar's redraws; Ctrl-C after the first run prints one line.  The demo's raw
-    data is reused with a fresh store and instance, and stopped once one run is done."""
-    _, env, _ = demo
-    home = tmp_path / "home"
-    args = [str(BIN / "zarrfeed"), "demo", "--raw", env["ZARRFEED_RAW"],
-            "--store", str(tmp_path / "store.zarr"), "--dagster-home", str(home)]  # fmt: skip
-    run_env = {**env, "DAGSTER_HOME": str(home), "ZARRFEED_MODELS": str(tmp_path / "models"),
-               "COLUMNS": "120", "LINES": "40"}  # fmt: skip
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the demo, its terminal the pseudo-terminal
-        os.chdir(tmp_path)
-        os.execve(args[0], args, run_env)
-    out, interrupted_at, deadline = bytearray(), None, time.monotonic() + 300
-    log = home / "demo.log"
-    try:
-        while time.monotonic() < deadline:
-            if interrupted_at is None and log.exists() and "RUN_SUCCESS" in log.read_text():
-                interrupted_at = len(out)
-                os.write(fd, b"\x03")  # Ctrl-C as a terminal sends it: to the whole group
-            if select.select([fd], [], [], 0.5)[0]:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:  # EIO: the demo exited and closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-        _, status = os.waitpid(pid, 0)
-    finally:
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(fd)
-    text = ANSI.sub("", out.decode(errors="replace"))
-    assert interrupted_at is not None, text[-3000:]
-    assert os.waitstatus_to_exitcode(status) == 130, text[-3000:]
-    assert "━" in text  # the progress bar: the terminal path, not the piped one
-    assert " - DEBUG - " not in text and "Traceback" not in text, text[-3000:]
-    after = ANSI.sub("", out[interrupted_at:].decode(errors="replace"))
-    lines = [ln.strip() for ln in re.split(r"[\r\n]", after)]
-    said = [ln for ln in lines if ln and ln != "^C" and "━" not in ln]
-    assert said == ["zarrfeed demo: interrupted"], said
-    logged = log.read_text()
-    for event in ("STEP_START", "ASSET_MATERIALIZATION", "RUN_SUCCESS", " - DEBUG - "):
-        assert event in logged, event  # Dagster's full logs
