@@ -9,7 +9,7 @@ multiprocess executor (deploy/README.md), its wall time, runs, and the share of 
 during which no step was building partitions (read from the instance's event log).
 
     python benchmarks/build.py            # a 512×512×300 CT-RATE-class scan, 100 partitions
-    python benchmarks/build.py --quick    # small inputs, no backfills (CI smoke run)
+    python benchmarks/build.py --quick    # small inputs, 4-scan backfill, no production shape (CI)
     python benchmarks/build.py --only-backfill --backfill-scans 8   # the CT backfill only
     python benchmarks/build.py --only-production   # the production-shape backfill only
 
