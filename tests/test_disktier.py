@@ -86,6 +86,33 @@ def test_the_tier_stays_within_its_byte_budget_and_evicts_the_least_recently_use
     assert tier.held_bytes() <= tier.budget_bytes
 
 
+def test_a_writer_killed_mid_batch_leaves_the_count_high_never_low(tmp_path):
+    """Bytes are counted before they are written: entries a killed process wrote are never
+    missing from the count, which would let the tier outgrow its budget unseen."""
+    folder = tmp_path / "tier"
+    entry = tiers.HEADER.size + 1000
+    tier = DiskTier(folder, budget_bytes=10_000 * entry)  # one count per 100 entries
+    written = 0
+
+    def write_then_die(key: str, payload: bytes) -> object:
+        nonlocal written
+        if written == 150:
+            os._exit(9)  # killed: no finally, no exit handler
+        written += 1
+        return DiskTier._write(tier, key, payload)
+
+    pid = os.fork()
+    if pid == 0:
+        tier._write = write_then_die
+        tier.put_batch([(f"{i:032x}", b"k" * 1000) for i in range(300)])
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 9
+    held = tier.held_bytes()
+    assert held == 150 * entry  # the entries written before the kill are whole
+    assert int((folder / tiers._USAGE).read_text()) >= held
+
+
 def test_a_hit_refreshes_an_entry_so_eviction_takes_the_others(tmp_path):
     entry = tiers.HEADER.size + 1000
     tier = DiskTier(tmp_path / "tier", budget_bytes=4 * entry)

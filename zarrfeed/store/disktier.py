@@ -13,8 +13,9 @@ not fsynced — is removed and read as a miss, never served.  Bounded: the bytes
 counted in a small file under a lock shared by every process on the machine (fork-safe); a
 count that goes over the budget evicts the least recently used entries (file mtimes are the
 clock: a hit touches its file) down to :data:`LOW_WATER` of it.  The background writer counts
-once per batch of entries (or every :data:`COUNT_SHARE` of the budget written), not per entry:
-the count's lock and file cost more than writing a chunk.
+once per batch of entries (or every :data:`COUNT_SHARE` of the budget written), not per entry
+(the count's lock and file cost more than writing a chunk), and before writing them: a killed
+writer leaves the count high, never low.
 
 What is held is remembered in-process (entries this process wrote or found, and an eviction
 counter every eviction bumps), so that a read-ahead of chunks the tier already holds looks at
@@ -193,22 +194,24 @@ class DiskTier:
 
     def put_batch(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Publish entries as :meth:`put` does, counting their bytes once per
-        :data:`COUNT_SHARE` of the budget instead of once per entry; what was written is
-        counted even when a write fails (its error is raised then)."""
+        :data:`COUNT_SHARE` of the budget instead of once per entry.  Bytes are counted
+        before their entries are written: a process killed mid-batch (or a failed write)
+        leaves the count above what is held, which the next eviction corrects from the
+        files, never below it, which would let the tier outgrow its budget."""
         every = max(1, int(self.budget_bytes * COUNT_SHARE))
-        uncounted = 0
-        try:
-            for key, payload in items:
-                uncounted += self._write(key, payload)
-                if uncounted >= every:
-                    self._count(uncounted)
-                    uncounted = 0
-        finally:
-            if uncounted:
-                self._count(uncounted)
+        start = 0
+        while start < len(items):
+            stop, size = start, 0
+            while stop < len(items) and (stop == start or size < every):
+                size += HEADER.size + len(items[stop][1])
+                stop += 1
+            self._count(size)
+            for key, payload in items[start:stop]:
+                self._write(key, payload)
+            start = stop
 
-    def _write(self, key: str, payload: bytes) -> int:
-        """Write one entry into place; returns its bytes."""
+    def _write(self, key: str, payload: bytes) -> None:
+        """Write one entry into place (its bytes are already counted)."""
         path = self._path(key)
         tmp = f"{self._root}/{key[:2]}/.{key}.{os.getpid()}-{next(_SEQUENCE)}{_TMP}"
         header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
@@ -218,7 +221,6 @@ class DiskTier:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_file_atomic(path, tmp, header, payload, durable=False)
         self._remember(key)
-        return HEADER.size + len(payload)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Publish entries in the background (a reader does not wait for the disk);
@@ -282,13 +284,15 @@ class DiskTier:
             yield
 
     def _count(self, added: int) -> None:
+        """Count ``added`` bytes about to be written, evicting first where they would take
+        the tier over its budget."""
         with self._locked():
             try:
                 held = int((self.folder / _USAGE).read_text()) + added
             except (FileNotFoundError, ValueError):
-                held = self._scan_bytes()
+                held = self._scan_bytes() + added
             if held > self.budget_bytes:
-                held = self._evict(int(self.budget_bytes * LOW_WATER))
+                held = self._evict(max(0, int(self.budget_bytes * LOW_WATER) - added)) + added
                 self._evicted()
             (self.folder / _USAGE).write_text(str(held))
 
