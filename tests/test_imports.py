@@ -144,11 +144,14 @@ def test_importing_any_module_reads_no_setting_and_installs_no_warning_filter():
 
 
 def test_the_cli_and_the_code_location_start_without_torch():
-    """``zarrfeed status``, ``inspect``, ``--help`` and a code location's load import no
-    torch (~1.7 s on two cores): the CT transforms and the training package load it when
-    they first compute; the public training names still import from ``zarrfeed.training``."""
+    """``zarrfeed status``, ``inspect``, ``--help``, a code location's load (every run and
+    step process does one) and a validated training config import no torch (~1.1–1.7 s on
+    two cores): the CT transforms, the statistics and the training tasks load it when they
+    first compute; the public training names still import from ``zarrfeed.training``."""
     code = (
         "import sys, zarrfeed.cli, zarrfeed.definitions, zarrfeed.training.config\n"
+        "zarrfeed.definitions.defs().get_repository_def()  # what a run process loads\n"
+        "zarrfeed.training.config.TrainConfig(task='ct_classifier')\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer, make_loader\n"
         "import zarrfeed.training as t\n"

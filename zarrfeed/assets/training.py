@@ -23,8 +23,7 @@ from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.torchrun import TorchrunResource
 from zarrfeed.resources import ModelsResource, ZarrStoreResource
 from zarrfeed.training.config import TrainConfig
-from zarrfeed.training.pipes import LEARNED, LEARNED_DOC
-from zarrfeed.training.tasks import TASK_TYPES, model_asset_name
+from zarrfeed.training.tasks import LEARNED, LEARNED_DOC, TASK_TYPES, model_asset_name
 
 TRAINING_POOL = "zarrfeed_training"  # one training at a time unless its limit is raised
 # Set by the asset from its task and the resources, not by run config.

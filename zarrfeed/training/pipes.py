@@ -29,15 +29,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.report import loss_curve_png
-from zarrfeed.training.tasks import TASK_TYPES
+from zarrfeed.training.tasks import LEARNED, TASK_TYPES
 from zarrfeed.training.trainer import DistEnv, TrainResult, train
 
-LEARNED = "learned"
 COUNTS = ("positives", "negatives")  # per-class tables that count samples, not score them
-LEARNED_DOC = (
-    "On fixed evaluation batches, before and after training: the loss fell and the task's "
-    "metric rose (accuracy, IoU or PSNR; a segmenter that finds nothing stays at IoU 0)."
-)
 
 
 def table(columns: dict[str, str], rows: list[dict[str, Any]]) -> dict[str, Any]:

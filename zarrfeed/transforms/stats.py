@@ -9,7 +9,6 @@ window lies in [0, 1]) in ~0.02 s; anything else falls back to torch.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 _F16_MAX_FINITE = 0x7BFF  # bit pattern of 65504, the largest finite float16
 
@@ -24,6 +23,8 @@ def finite_range(x: np.ndarray) -> tuple[float, float, bool]:
         if top <= _F16_MAX_FINITE:  # no sign bit, no inf/nan: values order as their bits
             lo, hi = np.array([bits.min(), top], np.uint16).view(np.float16)
             return float(lo), float(hi), True
+    import torch  # here, not at import: a code location's load stays without torch (~1.2 s)
+
     t = torch.from_numpy(np.ascontiguousarray(x))
     finite = bool(torch.isfinite(t).all()) if t.is_floating_point() else True
     lo, hi = torch.aminmax(t)
