@@ -36,6 +36,11 @@ freshness:
 concurrency:
   runs:
     max_concurrent_runs: {runs}
+run_coordinator:  # a queued run starts within a second of its slot freeing (default: 5 s)
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: 1
 run_monitoring:
   enabled: true
   start_timeout_seconds: 180
