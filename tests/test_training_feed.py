@@ -348,3 +348,24 @@ def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
         assert sum(RELEASE in batch for batch in held) == slots
     finally:
         monkey.undo()
+
+
+def test_a_model_on_the_cpu_gets_the_cpus_its_loader_workers_leave(monkeypatch):
+    """torch's default (a thread per CPU) spins against the loader workers when the model
+    trains on the CPU; the feed gives the model what the workers leave, at least one
+    thread, and a set ``OMP_NUM_THREADS`` wins."""
+    from zarrfeed.processes import usable_cpus
+    from zarrfeed.training.data.feed import share_cpus
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(usable_cpus())
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        line = share_cpus(usable_cpus())  # the workers take every CPU: the model keeps one
+        assert torch.get_num_threads() == 1 and line.startswith("intra-op threads: 1 "), line
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        torch.set_num_threads(3)
+        assert share_cpus(usable_cpus()) == "intra-op threads: 3 (OMP_NUM_THREADS)"
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
