@@ -17,7 +17,8 @@ model stepping on one batch already on the device, measured in the same run.  Th
 on the same volumes and model.
 
     python benchmarks/gpu.py --device cuda            # 16 full-size scans, batch 32, 400 steps
-    python benchmarks/gpu.py --device cpu --quick     # the same code paths on small data (CI)
+    python benchmarks/gpu.py --device cpu --quick     # the same code paths on small data (CI):
+                                                      # 4 small scans at 2x1x1 mm, batch 4, 8 steps
 
 On a GPU machine without internet (Python 3.12 with torch, numpy and scipy, but no Dagster,
 Zarr or MONAI): first, where the package registry answers, ``bash benchmarks/gpu_wheels.sh``
@@ -44,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _bench import bench
-from train import build_store, steady
+from train import QUICK_SPACING, SPACING, build_store, steady
 
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
 from zarrfeed.training.data.device import DevicePatches, pool_layout
@@ -187,16 +188,19 @@ def main() -> None:
     device = torch.device("cpu" if name == "auto" else name)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu --quick)")
-    scans, size, batch, steps, skip = (
-        (4, "small", 4, 8, 2) if args.quick else (args.scans, "full", args.batch, args.steps, 20)
+    scans, size, spacing, batch, steps, skip = (
+        (4, "small", QUICK_SPACING, 4, 8, 2)
+        if args.quick
+        else (args.scans, "full", SPACING, args.batch, args.steps, 20)
     )
     amp = "auto" if device.type == "cuda" else "off"  # CPU: fp32, bf16 is emulated there
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
         t0 = time.perf_counter()
-        _, store = build_store(work, scans, size)
-        print(f"# {scans} {size} scans built in {time.perf_counter() - t0:.0f}s", flush=True)
+        _, store = build_store(work, scans, size, spacing)
+        scans_at = f"{scans} {size} scans at {'x'.join(f'{s:g}' for s in spacing)} mm"
+        print(f"# {scans_at} built in {time.perf_counter() - t0:.0f}s", flush=True)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
                 "dataloader": {"workers": args.workers}, "data": {"eval_batches": 1},
                 "train": {"batch_size": batch, "amp": amp, "device": str(device)}}  # fmt: skip
@@ -211,9 +215,7 @@ def main() -> None:
             else f"{os.cpu_count()} CPU cores"
         )
         patch = "x".join(map(str, ds.patch_shape))
-        setting = (
-            f"CT classifier, {batch}x1x{patch} batches, {scans} {size} scans, amp {amp}, {where}"
-        )
+        setting = f"CT classifier, {batch}x1x{patch} batches, {scans_at}, amp {amp}, {where}"
         rates, shares, notes = {}, {}, {}
         for regime, (host_gb, device_gb, what) in plan.items():
             share, rate, reasons = train_regime(

@@ -9,7 +9,8 @@ usable core, both sides at the same count, so a machine with many cores shows wh
 host path keeps up.  All in one run; every ratio compares two loaders measured side by side:
 
     python benchmarks/loaders.py           # the full scenario (~12 min on 2 cores)
-    python benchmarks/loaders.py --quick   # small volumes (CI smoke run)
+    python benchmarks/loaders.py --quick   # small volumes, 32 patches per volume in RAM,
+                                           # one turn per rate, no spike clips (CI smoke run)
 """
 
 import argparse
@@ -141,24 +142,32 @@ def best(make, label: str, repeats: int = 2) -> tuple[float, int]:
     return rates[w], w
 
 
-def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
-    store = make_volumes(work, shape)
+def ct_loaders(
+    work: Path,
+    shape: tuple[int, int, int],
+    per_volume: int = PER_VOLUME,
+    repeats: int = 2,
+    memcpy_s: float = 0.5,
+) -> None:
+    """Four volumes in RAM: each rate the best of ``repeats`` turns, the memcpy limit
+    measured over ``memcpy_s`` seconds a turn."""
+    store = make_volumes(work, shape, per_volume=per_volume)
     ds = CTPatchDataset(store, window="lung", cache_gb=2.0)
     ds.cache.clear()
     npy = [work / f"{k}.npy" for k in ds.keys]
     zarrs = [store.version_path("ct/windows", k) + "/lung" for k in ds.keys]
 
     # Cold: an empty cache; the first epoch pays preloading (decode into fresh /dev/shm pages,
-    # whose first touch on this VM varies 2x from run to run: best of two, like the rest).
+    # whose first touch on this VM varies 2x from run to run: best of the turns, like the rest).
     preload_s = float("inf")
-    for _ in range(2):
+    for _ in range(repeats):
         ds.cache.clear()  # entries, statistics and this process's mappings
         t0 = time.perf_counter()
         ds.preload()
         preload_s = min(preload_s, time.perf_counter() - t0)
     first_epoch = {w: epoch_rate(ds, w) for w in (0, 1, 2)}  # at its best worker count
     cold = len(ds) / (preload_s + len(ds) / max(first_epoch.values()))
-    zarr_rate, zw = best(lambda: ZarrPatches(zarrs, ds.items, ds.origins), "plain zarr")
+    zarr_rate, zw = best(lambda: ZarrPatches(zarrs, ds.items, ds.origins), "plain zarr", repeats)
     bench(
         "loader.cold_vs_zarr",
         cold / zarr_rate,
@@ -168,7 +177,7 @@ def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
         f"({zw} workers)",
     )
 
-    warm, ww = cached_vs_mmap(ds, npy)
+    warm, ww = cached_vs_mmap(ds, npy, repeats)
     npy_bytes = sum(p.stat().st_size for p in npy)
     stored = sum(store.commit_record("ct/windows", k)["stored_bytes"] for k in ds.keys)
     bench(
@@ -178,7 +187,7 @@ def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
         f"npy {npy_bytes / 1e6:.0f} MB / store {stored / 1e6:.0f} MB",
     )
     bench("loader.zarrfeed_warm_patches_per_s", warm, "patches/s", f"{ww} workers, 64^3 float16")
-    copies = memcpy_rate()
+    copies = memcpy_rate(memcpy_s)
     bench(
         "loader.warm_vs_memcpy",
         warm / copies,
@@ -186,7 +195,7 @@ def ct_loaders(work: Path, shape: tuple[int, int, int]) -> None:
         f"warm {warm:.0f} patches/s vs {copies:.0f} memcpys/s of 512 KB on one core (a 64^3 "
         "float16 patch, copied from anywhere in 256 MB)",
     )
-    monai_torchio(work, ds, npy, warm)
+    monai_torchio(work, ds, npy, warm, per_volume, repeats)
 
 
 def feed_rate(ds: CTPatchDataset, workers: int, epochs: int = 2) -> float:
@@ -347,7 +356,9 @@ def beyond_ram(
     bench("loader.ooc_patches_per_s", rate, "patches/s", setting)
 
 
-def monai_torchio(work: Path, ds: CTPatchDataset, npy: list[Path], warm: float) -> None:
+def monai_torchio(
+    work: Path, ds: CTPatchDataset, npy: list[Path], warm: float, per_volume: int, repeats: int
+) -> None:
     try:
         import monai.data as md
         import monai.transforms as mt
@@ -380,9 +391,9 @@ def monai_torchio(work: Path, ds: CTPatchDataset, npy: list[Path], warm: float) 
             copy_cache=copy_cache,
             progress=False,
         )
-        return MonaiPatches(cached, len(files) * PER_VOLUME)
+        return MonaiPatches(cached, len(files) * per_volume)
 
-    monai_rate, w = best(monai_ds, "MONAI CacheDataset + RandSpatialCrop")
+    monai_rate, w = best(monai_ds, "MONAI CacheDataset + RandSpatialCrop", repeats)
     bench(
         "loader.vs_monai",
         warm / monai_rate,
@@ -401,8 +412,8 @@ def monai_torchio(work: Path, ds: CTPatchDataset, npy: list[Path], warm: float) 
         subjects = tio.SubjectsDataset([tio.Subject(image=tio.ScalarImage(f)) for f in files])
         queue = tio.Queue(
             subjects,
-            max_length=PER_VOLUME,
-            samples_per_volume=PER_VOLUME // 2,
+            max_length=per_volume,
+            samples_per_volume=per_volume // 2,
             sampler=tio.UniformSampler(PATCH),
             num_workers=2,
             shuffle_subjects=True,
@@ -581,7 +592,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
     try:
-        ct_loaders(work, (96, 128, 128) if args.quick else (240, 480, 480))
+        if args.quick:
+            ct_loaders(work, (96, 128, 128), per_volume=32, repeats=1, memcpy_s=0.1)
+        else:
+            ct_loaders(work, (240, 480, 480))
         if args.quick:  # the same proportions: 75 MB decoded through a 21 MB cache
             beyond_ram(work, (128, 192, 192), 0.02, per_volume=32, repeats=1)
         else:

@@ -2,7 +2,8 @@
 training dataset at 50,000 partitions; and the store on a SeaweedFS server vs the local disk.
 
     python benchmarks/scale.py            # 50,000 raw files and partitions, the demo's CT stores
-    python benchmarks/scale.py --quick    # 300 of each, small CT settings (CI smoke run)
+    python benchmarks/scale.py --quick    # 300 of each, small CT settings, 4 small volumes for
+                                          # the S3 training epochs (CI smoke run)
     python benchmarks/scale.py --only s3  # only the object-storage lines (s3.*)
 
 What is synthetic (real data would not fit this machine): the raw tree is empty CT-RATE-named
@@ -418,8 +419,10 @@ def s3_epochs(work: Path, server: s3server.S3Server, quick: bool, litdata: bool 
 
     # Out of core needs a dataset beyond the budget, and the budget room for a worker's
     # batches in flight (the loader refuses less): one worker, none in the smoke run.
-    shape, budget, per = ((128, 192, 192), 0.02, 32) if quick else ((192, 384, 384), 0.25, 128)
-    local = make_volumes(work, shape, n=8, name="epochs.zarr", per_volume=per)
+    shape, budget, per, count = (
+        ((128, 192, 192), 0.02, 32, 4) if quick else ((192, 384, 384), 0.25, 128, 8)
+    )
+    local = make_volumes(work, shape, n=count, name="epochs.zarr", per_volume=per)
     s3 = ZarrStore("s3://zarrfeed-bench/epochs", server.storage_options())
     assets = ["ct/windows", "ct/patches"]
     copy_store(local, s3, assets)
@@ -433,7 +436,7 @@ def s3_epochs(work: Path, server: s3server.S3Server, quick: bool, litdata: bool 
     base = max(epoch_rates(local, budget, workers, 3)[1:])
     first, warm = from_s3[0], max(from_s3[1:])
     text = (
-        f"8 volumes {'x'.join(map(str, shape))} float16, {8 * per} 64^3 patches, batch "
+        f"{count} volumes {'x'.join(map(str, shape))} float16, {count * per} 64^3 patches, batch "
         f"{BATCH}, {budget} GB RAM cache emptied before each epoch, {workers} persistent fork "
         "worker(s), best of epochs 2-3; S3: SeaweedFS on 127.0.0.1"
     )
@@ -446,11 +449,13 @@ def s3_epochs(work: Path, server: s3server.S3Server, quick: bool, litdata: bool 
     if litdata and importlib.util.find_spec("litdata") is None:
         print("s3.train_epoch1_vs_litdata: LitData is not installed (the bench extra)")
     elif litdata:
-        url, options, chunks = litdata_optimize(work, server, local)
+        # The smoke run forks LitData's optimize processes: spawned, each re-imports this
+        # script (Dagster and all) for seconds; the full run keeps LitData's default.
+        url, options, chunks = litdata_optimize(work, server, local, "fork" if quick else None)
         s3.tier.clear()
         ours = epoch_rates(s3, budget, workers, 1)[0]
         try:
-            theirs = litdata_first_epoch(work, url, options, BATCH, workers, 8 * per)
+            theirs = litdata_first_epoch(work, url, options, BATCH, workers, count * per)
         except Exception as exc:  # LitData's own failure: say it, keep the other figures
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             print(f"# s3.train_epoch1_vs_litdata not measured: LitData's epoch failed with "
@@ -496,10 +501,12 @@ def litdata_worker_start(endpoint: str, worker: int) -> None:
 
 
 def litdata_optimize(
-    work: Path, server: s3server.S3Server, local: ZarrStore
+    work: Path, server: s3server.S3Server, local: ZarrStore, start_method: str | None = None
 ) -> tuple[str, dict, int]:
     """The patches of ``local``'s patch index optimised by LitData into its own format in
-    the bucket: (its URL, LitData's storage options, the chunks it wrote)."""
+    the bucket, its processes started by ``start_method`` (None: LitData's default, spawn,
+    which it then sets for the whole process): (its URL, LitData's storage options, the
+    chunks it wrote)."""
     import litdata
     import s3fs
 
@@ -513,7 +520,7 @@ def litdata_optimize(
                for k in keys]  # fmt: skip
     litdata.optimize(fn=litdata_patches, inputs=sources, output_dir=url, chunk_bytes="64MB",
                      num_workers=1, storage_options=options, mode="overwrite",
-                     verbose=False)  # fmt: skip
+                     start_method=start_method, verbose=False)  # fmt: skip
     fs = s3fs.S3FileSystem(**server.storage_options(), skip_instance_cache=True)
     index = json.loads(fs.cat_file(f"{url}/index.json"))
     return url, options, len(index["chunks"])

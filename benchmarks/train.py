@@ -3,7 +3,9 @@ naive one the seeds started from (per-sample NIfTI read + full-volume float64 pr
 ``__getitem__``), on the CT classification task with the same model, batches and patches.
 
     python benchmarks/train.py            # 4 sample scans, 40x96x96 at 5x3.6x3.6 mm, resampled
-    python benchmarks/train.py --quick    # fewer steps (CI smoke run)
+                                          # to 1.5x0.75x0.75 mm
+    python benchmarks/train.py --quick    # 2 of them resampled to 2x1x1 mm (0.42 of the voxels
+                                          # per naive sample), fewer steps (CI smoke run)
     python benchmarks/train.py --device cuda --batch 16 --workers auto   # on a GPU machine
 
 On CUDA it also reports the GPU utilisation NVML sampled during each run
@@ -42,15 +44,23 @@ from zarrfeed.transforms.hu import csv_rescale
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 SPACING = (1.5, 0.75, 0.75)  # the CT settings' default (CT-CLIP)
+QUICK_SPACING = (2.0, 1.0, 1.0)  # --quick: a naive sample costs 0.3 s, not 1.1-1.7 s
 
 
 class NaiveCTPatches(Dataset):
     """What the seeds began with: every sample re-reads its NIfTI and preprocesses the whole
     volume (float64, ``scipy.ndimage.zoom``) before cutting the patch out of it."""
 
-    def __init__(self, ours: CTPatchDataset, files: list[Path], rescale: list[tuple]) -> None:
+    def __init__(
+        self,
+        ours: CTPatchDataset,
+        files: list[Path],
+        rescale: list[tuple],
+        spacing: tuple[float, float, float],
+    ) -> None:
         self.items, self.origins, self.patch = ours.items, ours.origins, ours.patch_shape
         self.labels, self.files, self.rescale = ours.labels, files, rescale
+        self.spacing = spacing  # the store's, so that the patch origins cut the same patches
         self.label_names, self.store, self.dataset = ours.label_names, ours.store, ours.dataset
 
     def __len__(self) -> int:
@@ -67,7 +77,7 @@ class NaiveCTPatches(Dataset):
         if vol.min() > -500:
             vol = vol * slope + intercept
         sx, sy, sz = img.header.get_zooms()[:3]
-        hu = np.clip(zoom(vol, [s / t for s, t in zip((sz, sy, sx), SPACING, strict=True)],
+        hu = np.clip(zoom(vol, [s / t for s, t in zip((sz, sy, sx), self.spacing, strict=True)],
                           order=1), -1024, 3071)  # fmt: skip
         w = ct.get_window("lung")
         win = np.clip((hu - w.lo) / (w.hi - w.lo), 0, 1)
@@ -80,9 +90,9 @@ class NaiveCTPatches(Dataset):
 class NaiveTask(CTClassification):
     """The CT task, model and loss unchanged; only the dataset is the naive one."""
 
-    def __init__(self, config: TrainConfig, raw: Path) -> None:
+    def __init__(self, config: TrainConfig, raw: Path, spacing: tuple[float, float, float]) -> None:
         super().__init__(config)
-        self.raw = raw
+        self.raw, self.spacing = raw, spacing
 
     def dataset(self) -> Dataset:
         ours = super().dataset()
@@ -91,15 +101,17 @@ class NaiveTask(CTClassification):
         files = [found[k] for k in ours.keys]
         claims = [csv_rescale(meta.get(k)) for k in ours.keys]
         rescale = [(c.slope, c.intercept) if c else (1.0, 0.0) for c in claims]
-        return NaiveCTPatches(ours, files, rescale)
+        return NaiveCTPatches(ours, files, rescale, self.spacing)
 
     def collate(self, dataset: Dataset):
         return default_collate
 
 
-def build_store(work: Path, scans: int, size: str = "small") -> tuple[Path, Path]:
+def build_store(
+    work: Path, scans: int, size: str = "small", spacing: tuple[float, float, float] = SPACING
+) -> tuple[Path, Path]:
     """``scans`` sample CT-RATE scans (``size``: "small" or "full") built through the CT
-    graph into a store: (raw folder, store)."""
+    graph into a store, resampled to ``spacing`` (z, y, x mm): (raw folder, store)."""
     raw, store = work / "raw", work / "store.zarr"
     list(make_ct_rate(raw / "ct-rate", scans, size, np.random.default_rng(0)))
     resources = {
@@ -111,7 +123,7 @@ def build_store(work: Path, scans: int, size: str = "small") -> tuple[Path, Path
     (work / "home").mkdir()
     with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
         keys = discover_into(instance, CT, resources["raw"], resources["zarr_store"])
-        ct_assets = family_assets(CT, {"windows": ["lung"]})
+        ct_assets = family_assets(CT, {"windows": ["lung"], "spacing_zyx_mm": list(spacing)})
         for key in keys:
             assert dg.materialize(ct_assets, partition_key=key, resources=resources,
                                   instance=instance).success  # fmt: skip
@@ -158,11 +170,12 @@ def main() -> None:
     args = parser.parse_args()
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     steps, skip, measured = (8, 2, 2) if args.quick else (args.steps, 3, 8)
+    scans, spacing = (2, QUICK_SPACING) if args.quick else (4, SPACING)
     amp = "auto" if cuda else "off"  # CPU: fp32, as bf16 is emulated on this machine
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         os.environ["ZARRFEED_CACHE_ROOT"] = str(work / "caches")  # removed with everything else
-        raw, store = build_store(work, 4)
+        raw, store = build_store(work, scans, spacing=spacing)
         base = {"task": "ct_classifier", "store": str(store), "resume": False,
                 "dataloader": {"workers": args.workers, "device_cache": args.device_cache},
                 "data": {"eval_batches": 1},
@@ -178,11 +191,12 @@ def main() -> None:
             naive_skip = max(skip, in_flight + 1)
             cfg = TrainConfig.model_validate({**base, "out": str(work / "naive")})
             cfg.train.steps = naive_skip + measured
-            naive = run(cfg, NaiveTask(cfg, raw), naive_skip)
+            naive = run(cfg, NaiveTask(cfg, raw, spacing), naive_skip)
     (share, per_step, rate) = ours
     where = f"{torch.cuda.get_device_name()}, amp {amp}" if cuda else f"{os.cpu_count()} CPU cores"
     setting = (
-        f"CT classifier, {args.batch}x1x64^3 batches, workers {args.workers}, "
+        f"CT classifier, {args.batch}x1x64^3 batches, {scans} scans at "
+        f"{'x'.join(f'{s:g}' for s in spacing)} mm, workers {args.workers}, "
         f"device cache {args.device_cache}, {where}, after warm-up"
     )
     bench("train.data_wait_share", share, "share", f"zarrfeed cached loader; {setting}")

@@ -56,7 +56,7 @@ def test_loaders_benchmark_quick():
 @pytest.mark.slow
 def test_train_benchmark_quick():
     # One loader worker and batches of 2: the naive loader's measured steps start once the
-    # batches in flight at the start are used up, and each of its samples costs seconds.
+    # batches in flight at the start are used up, and each of its samples costs many steps.
     names = bench_names("train.py", "--workers", "1", "--batch", "2")
     assert {"train.data_wait_share", "train.data_wait_share_naive"} <= names
 
