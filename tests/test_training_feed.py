@@ -363,6 +363,10 @@ def test_a_model_on_the_cpu_gets_the_cpus_its_loader_workers_leave(monkeypatch):
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         line = share_cpus(usable_cpus())  # the workers take every CPU: the model keeps one
         assert torch.get_num_threads() == 1 and line.startswith("intra-op threads: 1 "), line
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks here share the CPUs
+        torch.set_num_threads(usable_cpus())
+        share_cpus(0)
+        assert torch.get_num_threads() == max(1, usable_cpus() // 2)
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
         torch.set_num_threads(3)
         assert share_cpus(usable_cpus()) == "intra-op threads: 3 (OMP_NUM_THREADS)"

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset, Sampler
 from zarrfeed.processes import usable_cpus
 from zarrfeed.training.data.base import collate_batch
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source, plan_device
-from zarrfeed.training.data.loader import LoaderPlan, make_loader
+from zarrfeed.training.data.loader import LoaderPlan, local_world_size, make_loader
 from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
 
@@ -442,19 +442,19 @@ def _device_sampler(
 
 
 def share_cpus(workers: int) -> str:
-    """Give torch's intra-op threads the CPUs the loader workers leave, when the model
-    trains on the CPU; what was done, as a reason line.  torch's default, one thread per
-    CPU, spins against the workers and whatever else runs: on 2 CPUs with 1 worker and other
-    processes busy, 60 defect-segmentation steps took 58 s on 2 threads and 27 s on 1.
-    ``OMP_NUM_THREADS``, when set, wins."""
+    """Give torch's intra-op threads this rank's share of the CPUs less its loader workers,
+    when the model trains on the CPU; what was done, as a reason line.  torch's default, a
+    thread per CPU in every rank, spins against the workers and whatever else runs: on 2
+    CPUs with 1 worker and other processes busy, 60 defect-segmentation steps took 58 s on 2
+    threads and 27 s on 1.  ``OMP_NUM_THREADS``, when set, wins."""
     if "OMP_NUM_THREADS" in os.environ:
         return f"intra-op threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
-    cpus = usable_cpus()
-    threads = max(1, cpus - workers)
+    cpus, ranks = usable_cpus(), local_world_size()
+    threads = max(1, cpus // ranks - workers)
     if threads < torch.get_num_threads():
         torch.set_num_threads(threads)
     return (f"intra-op threads: {torch.get_num_threads()} (the model trains on the CPU: "
-            f"{cpus} CPUs, {workers} loader workers)")  # fmt: skip
+            f"{cpus} CPUs, {ranks} rank(s) here, {workers} loader workers each)")  # fmt: skip
 
 
 def _loader_feed(
