@@ -49,6 +49,15 @@ def _context() -> mp.context.BaseContext:
     return ctx
 
 
+def warm_up() -> None:
+    """Start the fork server now, so that its imports overlap what this process does before
+    it first needs a worker (they take ~2 s, which the first workers would wait for)."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
 def _serve(conn: Connection, task: Task, job: Any) -> None:
     """A worker: build each key the owner sends until it closes the connection."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides what an interrupt stops

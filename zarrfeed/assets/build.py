@@ -39,7 +39,7 @@ from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import StoredAsset, stale_reason
-from zarrfeed.workerpool import run_in_processes, start_problem
+from zarrfeed.workerpool import run_in_processes, start_problem, warm_up
 
 # Backfills run this many partitions per run, raw ingest included (every partitioned asset
 # of a family has this policy, so a family's backfill runs all its steps in one run per
@@ -255,6 +255,24 @@ class InProcesses:
     task: Callable[[Any, str], tuple[list[tuple[str, Built]], str | None]]
     job: Any
     where: Callable[[str], str] = str
+
+
+def in_processes(context: dg.AssetExecutionContext, item_bytes: int) -> bool:
+    """Whether a batched step builds its partitions, needing ``item_bytes`` each, in worker
+    processes (:func:`zarrfeed.batching.worker_processes`, where processes can start)."""
+    if context.has_partition_key:
+        return False
+    keys = context.partition_keys
+    workers = in_flight(usable_cpus(), available_memory(), item_bytes, len(keys))
+    return worker_processes(workers, item_bytes) and start_problem() is None
+
+
+def warm_workers(context: dg.AssetExecutionContext, item_bytes: int) -> None:
+    """Start the worker processes' fork server now when the run's later steps will build
+    items of ``item_bytes`` in them: raw ingest, the first step of a batch, calls it, so that
+    the server's imports run beside the hashing instead of before the first build."""
+    if in_processes(context, item_bytes):
+        warm_up()
 
 
 def partition_error(exc: Exception) -> str:
