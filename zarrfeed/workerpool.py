@@ -33,9 +33,12 @@ Finished = Callable[[str, Any, str | None], None]  # (key, result, error)
 
 
 def start_problem() -> str | None:
-    """Why worker processes cannot start here, or None: this process is a daemon (a pool
-    worker of another library, which may not have children), or its main script would be
-    re-run in every worker (top-level code outside ``if __name__ == "__main__":``)."""
+    """Why worker processes cannot start here, or None: no fork server on this platform,
+    this process is a daemon (a pool worker of another library, which may not have
+    children), or its main script would be re-run in every worker (top-level code outside
+    ``if __name__ == "__main__":``)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "this platform has no fork server to start worker processes from"
     if mp.current_process().daemon:
         return "this process is a daemonic process, which may not start processes"
     from zarrfeed.training.data.start import rerun_problem
