@@ -73,7 +73,8 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 
 def naive_ct_branch(path: Path, slope: float, intercept: float, out: Path) -> None:
-    """Seed 003's way: float64 numpy, ``scipy.ndimage.zoom``, per-window float64 arithmetic,
+    """The whole CT branch for one scan as a plain single-process preprocessing script
+    writes it: float64 numpy, ``scipy.ndimage.zoom``, per-window float64 arithmetic,
     ``np.argwhere`` for occupancy, a Python loop for the patch filter, uncompressed .npy."""
     import nibabel as nib
     from scipy.ndimage import zoom

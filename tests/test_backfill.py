@@ -70,7 +70,10 @@ def step_failures(result: ExecutionResult) -> str:
 def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alone(
     dagster_env, monkeypatch
 ):
+    """Built in worker processes, as full-size scans are (these small ones would build in
+    threads): the steps record what the workers committed."""
     raw, resources, instance = dagster_env
+    monkeypatch.setattr("zarrfeed.batching.PROCESS_ITEM_BYTES", 0)
     monkeypatch.setenv(STORE, resources["zarr_store"].url)
     ct = CT.settings.model_validate(settings(resources, "ct"))
     monkeypatch.setenv(SETTINGS, ct.model_dump_json())
@@ -84,6 +87,8 @@ def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alon
 
     result = run(instance, RANGE)
     assert not result.success
+    logged = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert sum("(worker processes)" in m for m in logged) == 2, logged  # HU, then the rest
     message = step_failures(result)
     assert "1 of 4 partitions failed" in message and "train_2_a_1.nii.gz" in message
     good = [k for k in KEYS if k != BAD]

@@ -16,6 +16,11 @@ from collections.abc import Iterable, Sequence
 ROUNDS = 8  # rounds of the cores a run builds: its start-up is paid once per ROUNDS rounds
 MIN_PER_RUN, MAX_PER_RUN = 16, 256  # a 1-core laptop still batches; a retry stays short
 MEMORY_SHARE = 0.5  # of the allocatable memory a run's partitions in flight may hold
+# Items needing this much working memory or more build in worker processes when several
+# build at once: their builds take seconds, next to which a worker's start (~0.1 s from the
+# fork server, ~2 s for the server's first) is small, and processes run side by side the
+# parts that hold the interpreter lock, which threads take turns at.
+PROCESS_ITEM_BYTES = 64 << 20
 
 
 def per_run(cpus: int) -> int:
@@ -29,6 +34,12 @@ def in_flight(cpus: int, memory: int, item_bytes: int, partitions: int) -> int:
     ``item_bytes`` of working memory, no more than the run's ``partitions``, at least one."""
     by_memory = int(memory * MEMORY_SHARE) // max(1, item_bytes)
     return max(1, min(cpus, by_memory, partitions))
+
+
+def worker_processes(in_flight: int, item_bytes: int) -> bool:
+    """Whether a run building ``in_flight`` items at once, each needing ``item_bytes`` of
+    working memory, builds them in worker processes rather than threads."""
+    return in_flight > 1 and item_bytes >= PROCESS_ITEM_BYTES
 
 
 def ranges(order: Sequence[str], wanted: Iterable[str], size: int) -> list[list[str]]:

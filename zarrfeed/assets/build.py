@@ -32,13 +32,14 @@ import numpy as np
 
 from zarrfeed.assets.events import PartitionRecorder, logged
 from zarrfeed.assets.metadata import partition_metadata, readable, shown
-from zarrfeed.batching import in_flight, per_run
+from zarrfeed.batching import in_flight, per_run, worker_processes
 from zarrfeed.errors import ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_sha256
 from zarrfeed.store.contract import StoredAsset, stale_reason
+from zarrfeed.workerpool import run_in_processes, start_problem, warm_up
 
 # Backfills run this many partitions per run, raw ingest included (every partitioned asset
 # of a family has this policy, so a family's backfill runs all its steps in one run per
@@ -245,11 +246,49 @@ def stored_multi_asset(
 PartitionBuild = Callable[[str], Iterator[tuple[dg.AssetKey, Built]]]
 
 
+@dataclass(frozen=True)
+class InProcesses:
+    """How a step's partitions build in worker processes (``zarrfeed.workerpool``) instead
+    of threads: ``task(job, key)`` returns what each asset built (by asset name) and why the
+    partition failed, if it did; ``where(key)`` names a partition's source in an error."""
+
+    task: Callable[[Any, str], tuple[list[tuple[str, Built]], str | None]]
+    job: Any
+    where: Callable[[str], str] = str
+
+
+def in_processes(context: dg.AssetExecutionContext, item_bytes: int) -> bool:
+    """Whether a batched step builds its partitions, needing ``item_bytes`` each, in worker
+    processes (:func:`zarrfeed.batching.worker_processes`, where processes can start)."""
+    if context.has_partition_key:
+        return False
+    keys = context.partition_keys
+    workers = in_flight(usable_cpus(), available_memory(), item_bytes, len(keys))
+    return worker_processes(workers, item_bytes) and start_problem() is None
+
+
+def warm_workers(context: dg.AssetExecutionContext, item_bytes: int) -> None:
+    """Start the worker processes' fork server now when the run's later steps will build
+    items of ``item_bytes`` in them: raw ingest, the first step of a batch, calls it, so that
+    the server's imports run beside the hashing instead of before the first build."""
+    if in_processes(context, item_bytes):
+        warm_up()
+
+
+def partition_error(exc: Exception) -> str:
+    """Why a partition failed, as its step reports it: the message of an expected failure
+    (a bad input, a store error), the traceback of a bug."""
+    if isinstance(exc, (ZarrfeedError, dg.Failure, OSError, ValueError)):
+        return str(exc)
+    return "".join(traceback.format_exception(exc))
+
+
 def materialize_partitions(
     context: dg.AssetExecutionContext,
     assets: list[dg.AssetKey],
     build: PartitionBuild,
     item_bytes: Callable[[], int],
+    processes: InProcesses | None = None,
 ) -> Iterator[dg.MaterializeResult]:
     """Build the run's partitions of ``assets`` (``build(key)`` yields each asset's
     :class:`Built` in order) and report them.
@@ -260,7 +299,8 @@ def materialize_partitions(
     its own, and a failing one fails alone: every partition that built is recorded as its
     own materialisation, data version and check results (``zarrfeed.assets.events``), and
     then the step fails naming the failed keys, so a retry (or a run of those keys) builds
-    them while the committed ones are reused.
+    them while the committed ones are reused.  With ``processes``, a batch of large items
+    builds in worker processes instead (``zarrfeed.batching.worker_processes``).
     """
     if context.has_partition_key:
         for asset, built in build(context.partition_key):
@@ -281,7 +321,13 @@ def materialize_partitions(
             )
         return
     keys = list(context.partition_keys)
-    workers = in_flight(usable_cpus(), available_memory(), item_bytes(), len(keys))
+    size = item_bytes()
+    workers = in_flight(usable_cpus(), available_memory(), size, len(keys))
+    if processes is not None and not worker_processes(workers, size):
+        processes = None
+    if processes is not None and (problem := start_problem()):
+        context.log.warning(f"building in threads, not worker processes: {problem}")
+        processes = None
     recorder = PartitionRecorder(context, assets, keys)
     t0 = time.perf_counter()
     done: dict[str, dict[dg.AssetKey, Built]] = {}
@@ -295,7 +341,7 @@ def materialize_partitions(
             recorder.record(key, asset, built.metadata, built.data_version or "", built.checks)
 
     try:
-        build_range(keys, build, workers, done, errors, record)
+        build_range(keys, build, workers, done, errors, record, processes)
     except BaseException:
         # Cancelled: the partitions not started never will be; those committed are recorded.
         context.log.warning(f"interrupted: {len(done)} of {len(keys)} partitions finished")
@@ -303,9 +349,10 @@ def materialize_partitions(
             record(key)
         yield from results(context, recorder)
         raise
+    where = "worker processes" if processes else "threads"
     context.log.info(
         f"built {len(keys) - len(errors)} of {len(keys)} partitions, {workers} at once, in "
-        f"{time.perf_counter() - t0:.1f} s"
+        f"{time.perf_counter() - t0:.1f} s ({where})"
     )
     yield from results(context, recorder)
     if errors:
@@ -337,23 +384,33 @@ def build_range(
     done: dict[str, dict[dg.AssetKey, Built]],
     errors: dict[str, str],
     finished: Callable[[str], None] = lambda key: None,
+    processes: InProcesses | None = None,
 ) -> None:
     """Build ``keys`` on ``workers`` threads (the transforms, codecs and hashes release the
-    GIL), filling ``done`` (what each finished partition built, by asset) and ``errors`` (why
-    each failing one failed: a failure stops that partition only) as they finish, then
-    calling ``finished(key)`` in the calling thread while the others build.  An interrupt
-    (a cancelled run) cancels the partitions not yet started and is raised again, ``done``
-    holding those that finished."""
+    GIL) or, with ``processes``, on that many worker processes, filling ``done`` (what each
+    finished partition built, by asset) and ``errors`` (why each failing one failed: a
+    failure stops that partition only) as they finish, then calling ``finished(key)`` in the
+    calling thread while the others build.  An interrupt (a cancelled run) cancels the
+    partitions not yet started and is raised again, ``done`` holding those that finished."""
+    if processes is not None:
+
+        def ended(key: str, answer: Any, failure: str | None) -> None:
+            built, error = answer if answer is not None else ([], failure)
+            done[key] = {dg.AssetKey.from_user_string(a): b for a, b in built}
+            if error is not None:
+                errors[key] = error
+            finished(key)
+
+        run_in_processes(keys, processes.task, processes.job, workers, ended, processes.where)
+        return
 
     def one(key: str) -> tuple[dict[dg.AssetKey, Built], str | None]:
         out: dict[dg.AssetKey, Built] = {}
         try:
             for asset, built in build(key):
                 out[asset] = built
-        except (ZarrfeedError, dg.Failure, OSError, ValueError) as exc:
-            return out, str(exc)
-        except Exception as exc:  # a bug: fail the partition with its traceback
-            return out, "".join(traceback.format_exception(exc))
+        except Exception as exc:
+            return out, partition_error(exc)
         return out, None
 
     def take(future: Future) -> str:

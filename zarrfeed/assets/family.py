@@ -10,45 +10,28 @@ disagree.
 
 from collections.abc import Iterator, Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from zarrfeed.assets.build import (
     Built,
-    build_partition,
+    InProcesses,
     materialize_partitions,
     stored_asset,
     stored_multi_asset,
 )
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.assets.raw import item_bytes, raw_asset
+from zarrfeed.assets.workers import (
+    HubFetch,
+    StageJob,
+    build_in_worker,
+    configured,
+    stage_builds,
+)
 from zarrfeed.families import Family, Inputs, Stage
-from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import is_hub
-
-
-class HubFetch:
-    """Raw items of the family's hub source, downloaded on demand; with the hub resource's
-    ``delete_after_commit``, each download goes once its partition is committed."""
-
-    def __init__(self, hf: Any) -> None:
-        self.hf, self._hub = hf, None
-
-    def hub(self) -> Any:
-        if self._hub is None:
-            self._hub = self.hf.hub()
-        return self._hub
-
-    def local(self, item: RawItem) -> Path:
-        if not is_hub(item):
-            return Path(item.location)
-        return self.hub().download(item.detail["path"], item.detail["commit"])
-
-    def forget(self, path: Path) -> None:
-        if self.hf.delete_after_commit:
-            self.hub().forget(path)
+from zarrfeed.processes import usable_cpus
 
 
 def steps(family: Family) -> dict[str, list[Stage]]:
@@ -80,18 +63,30 @@ def stage_asset(
             if len(stages) == 1 or dg.AssetKey(s.asset.name) in context.selected_asset_keys
         ]
 
+        force = res.build.force
+
         def one(partition: str) -> Iterator[tuple[dg.AssetKey, Built]]:
             """The chosen stages of ``partition``, in order (a failure stops the rest)."""
-            for stage in chosen:
-                step = stage.build(inputs, partition)
-                force = res.build.force
-                built = build_partition(store, stage.asset, partition, values, force, step)
-                yield dg.AssetKey(stage.asset.name), built
-            inputs.done(partition)
+            yield from stage_builds(inputs, store, chosen, values, force, partition)
 
+        def where(partition: str) -> str:
+            item = catalog.index().get(partition)
+            return f"partition {partition} ({item.location if item else 'no raw item'})"
+
+        cpus = usable_cpus()
+        job = StageJob(
+            family,
+            dict(values),
+            tuple(s.asset.name for s in chosen),
+            configured(res.zarr_store),
+            configured(res.hf) if family.hub else None,
+            force,
+            threads=max(1, cpus // min(cpus, len(context.partition_keys))),
+        )
         assets = [dg.AssetKey(s.asset.name) for s in chosen]
         size = partial(item_bytes, family, catalog, context.partition_keys)
-        yield from materialize_partitions(context, assets, one, size)
+        processes = InProcesses(build_in_worker, job, where)
+        yield from materialize_partitions(context, assets, one, size, processes)
 
     if len(stages) == 1:
         spec = specs[0]

@@ -11,7 +11,15 @@ from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
-from zarrfeed.assets.build import BATCH, IO_POOL, OWNERS, Built, intended, materialize_partitions
+from zarrfeed.assets.build import (
+    BATCH,
+    IO_POOL,
+    OWNERS,
+    Built,
+    intended,
+    materialize_partitions,
+    warm_workers,
+)
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.families import Family, Inputs
 from zarrfeed.resources import ZarrStoreResource
@@ -67,6 +75,8 @@ def raw_asset(family: Family) -> dg.AssetsDefinition:
                 built = Built({"location": location, **facts_of}, checks, source_version(item, sha))
                 yield key, built
 
+            if family.stages:
+                warm_workers(context, item_bytes(family, catalog, context.partition_keys))
             # Hashing streams the files: an item holds a read buffer, not its decoded arrays.
             yield from materialize_partitions(context, [key], one, lambda: HASH_BUFFER)
 

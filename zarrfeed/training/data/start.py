@@ -40,7 +40,7 @@ def start_method(requested: str = "auto", dataset: Any = None) -> tuple[str, str
         raise ConfigError(f"start method must be one of {', '.join(START_METHODS)}: {requested!r}")
     if requested == "fork":
         return "fork", "fork (as configured)"
-    problem = _rerun_problem() or _unreachable_problem(dataset)
+    problem = rerun_problem() or _unreachable_problem(dataset)
     if problem is None:
         how = "as configured" if requested != "auto" else "auto: nothing in __main__ re-runs"
         return ("forkserver" if requested == "auto" else requested), f"{requested} ({how})"
@@ -51,7 +51,7 @@ def start_method(requested: str = "auto", dataset: Any = None) -> tuple[str, str
     return "fork", f"fork (auto: {problem.split(': ')[0]})"
 
 
-def _rerun_problem() -> str | None:
+def rerun_problem() -> str | None:
     """What goes wrong when forkserver/spawn workers re-run the main script (they do unless
     it is interactive or a package ``__main__``), or None."""
     main = sys.modules.get("__main__")
