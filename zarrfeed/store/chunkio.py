@@ -124,7 +124,10 @@ class ChunkedArray:
 
     ``guard`` is an object whose existence proves the array's version is still committed
     (the version group's ``zarr.json``).  ``tier``: a local-disk tier that chunk objects
-    are read from first and kept in once fetched, under the store's ``identity``.  Built by
+    are read from first and kept in once fetched, under the store's ``identity``.
+    ``listed``: every object path of the version, from a listing known to be complete; a
+    chunk not in it is read as fill values without a request (an object store answers a
+    GET of a missing object as slowly as one of a small chunk).  Built by
     :meth:`ZarrStore.chunked`.
     """
 
@@ -136,9 +139,10 @@ class ChunkedArray:
         guard: str,
         tier: DiskTier | None = None,
         identity: str = "",
+        listed: frozenset[str] | None = None,
     ) -> None:
         self.array, self.backend, self.folder, self.guard = array, backend, folder, guard
-        self.tier, self.identity = tier, identity
+        self.tier, self.identity, self.listed = tier, identity, listed
         self.layout = BloscLayout.of(array)
         self.shape: tuple[int, ...] = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
@@ -159,13 +163,27 @@ class ChunkedArray:
         """Encoded bytes of chunks ``coords`` (None for chunks never written)."""
         assert self.layout is not None
         paths = [f"{self.folder}/{self.layout.encode_key(c)}" for c in coords]
-        if self.tier is None:
-            found = self.backend.read_many(paths, threads or usable_cpus())
-        else:
-            found = self._through_tier(paths, threads)
-        if any(b is None for b in found):
+        listed = self.listed
+        if listed is None:
+            found = self._get(paths, threads)
+            if any(b is None for b in found):
+                self._check_alive()
+            return found
+        wanted = [p for p in paths if p in listed]
+        got = dict(zip(wanted, self._get(wanted, threads), strict=True))
+        lost = [p for p, b in got.items() if b is None]
+        if lost:  # removed since it was listed, or lost by the store: never fill values
             self._check_alive()
-        return found
+            raise StoreError(f"{lost[0]}: this chunk of a committed version is missing")
+        return [got.get(p) for p in paths]
+
+    def _get(self, paths: list[str], threads: int | None) -> list:
+        """Encoded bytes of objects ``paths`` (None where missing), through the tier."""
+        if not paths:
+            return []
+        if self.tier is None:
+            return self.backend.read_many(paths, threads or usable_cpus())
+        return self._through_tier(paths, threads)
 
     def warm(self, coords: Sequence[tuple[int, ...]]) -> int:
         """Fetch the chunks ``coords`` that the disk tier does not hold into it, all at once

@@ -59,6 +59,7 @@ INDEX_LAYOUT = 2  # of .zarrfeed/indexes/<asset>.json: {layout, position, partit
 _log = logging.getLogger(__name__)
 # A version no record names is a writer's work in progress until it is this old.
 VERSION_GRACE_S = 3600.0
+LISTINGS_KEPT = 4096  # version listings a store keeps (each a set of its object paths)
 _VERSION = re.compile(r"v(\d{8}T\d{6})(\d{3})Z-[0-9a-f]{8}")
 
 
@@ -154,6 +155,7 @@ class ZarrStore:
         self.local = isinstance(self.backend, LocalBackend)
         # Chunks fetched from an object store are kept on the local disk (None: off).
         self.tier: DiskTier | None = None if self.local else open_tier()
+        self._listings: dict[str, frozenset[str]] = {}  # version folder -> its objects
         self._groups: set[str] = set()
         self._changes: dict[str, ChangeLog] = {}
 
@@ -557,11 +559,34 @@ class ZarrStore:
 
     def chunked(self, asset: str, key: str, name: str, version: str | None = None) -> ChunkedArray:
         """Array ``name`` of a partition for fast whole, region or chunk reads."""
-        version = version or self.commit_record(asset, key)["version"]
+        listed = None
+        if version is None:
+            record = self.commit_record(asset, key)
+            version = record["version"]
+            listed = self._listing(self.version_path(asset, key, version), record)
         folder = self.version_path(asset, key, version)
         array = self.open_array(asset, key, name, version)
         return ChunkedArray(array, self.backend, f"{folder}/{name}", f"{folder}/zarr.json",
-                            self.tier, self.identity)  # fmt: skip
+                            self.tier, self.identity, listed)  # fmt: skip
+
+    def _listing(self, folder: str, record: dict[str, Any]) -> frozenset[str] | None:
+        """Every object path of the committed version in ``folder``, from one listing on an
+        object store (a chunk never written then costs no GET): only when the listed bytes
+        add up to the ``stored_bytes`` its commit record counted, so a listing that lags
+        the writes is never taken for fill values; else None (every chunk is then read).
+        Kept per version: a committed version never changes."""
+        stored = record.get("stored_bytes")
+        if self.local or not isinstance(stored, int):
+            return None
+        found = self._listings.get(folder)
+        if found is None:
+            sizes = self.backend.sizes(folder)
+            if sum(sizes.values()) != stored:
+                return None
+            if len(self._listings) >= LISTINGS_KEPT:
+                self._listings.clear()
+            found = self._listings[folder] = frozenset(sizes)
+        return found
 
     def read_array(self, asset: str, key: str, name: str, version: str | None = None) -> np.ndarray:
         """All of array ``name`` of a committed partition, decoded in threads."""
