@@ -267,11 +267,20 @@ def in_processes(context: dg.AssetExecutionContext, item_bytes: int) -> bool:
     return worker_processes(workers, item_bytes) and start_problem() is None
 
 
+# Executors that run every step of a run in the run's own process (``dg.materialize`` and
+# ``execute_in_process`` use the second): only there do later steps reuse a fork server.
+IN_PROCESS_EXECUTORS = frozenset({dg.in_process_executor.name, "execute_in_process_executor"})
+
+
 def warm_workers(context: dg.AssetExecutionContext, item_bytes: int) -> None:
     """Start the worker processes' fork server now when the run's later steps will build
-    items of ``item_bytes`` in them: raw ingest, the first step of a batch, calls it, so that
-    the server's imports run beside the hashing instead of before the first build."""
-    if in_processes(context, item_bytes):
+    items of ``item_bytes`` in them in this process: raw ingest, the first step of a batch,
+    calls it, so that the server's imports (~2 s of CPU) run beside the hashing instead of
+    before the first build.  Under the multiprocess or Celery executor each step has a
+    process of its own, which starts its own server: warming one here would be wasted."""
+    if context.job_def.executor_def.name in IN_PROCESS_EXECUTORS and in_processes(
+        context, item_bytes
+    ):
         warm_up()
 
 
