@@ -327,6 +327,37 @@ def test_block_working_set_fits_and_the_next_block_is_prefetched(ct_store):
     it.close()
 
 
+def test_an_abandoned_pass_stops_its_prefetches_quietly(ct_store, monkeypatch, caplog):
+    ds = CTPatchDataset(ct_store, cache_gb=unit_budget_gb(20))
+    started, release = threading.Event(), threading.Event()
+
+    def failing(*args, **kwargs) -> None:  # a prefetch that fails after its pass ended
+        started.set()
+        release.wait(10)
+        raise OSError("store closed")
+
+    monkeypatch.setattr(ds.cache, "prefetch", failing)
+    sampler = BlockSampler(ds, seed=1)
+    it = iter(sampler)
+    next(it)
+    assert started.wait(10)
+    pool = sampler._pool
+    it.close()  # the loop broke out early
+    assert sampler._pool is None
+    release.set()
+    pool.shutdown(wait=True)  # its thread ends: nothing keeps the process from exiting
+    assert not [t for t in threading.enumerate() if t.name.startswith("zarrfeed-prefetch")]
+    assert "prefetch of the next block failed" not in caplog.text
+    # The same failure during a pass is reported.
+    release.clear()
+    it = iter(sampler)
+    next(it)
+    release.set()
+    sampler._pool.submit(lambda: None).result()
+    assert "prefetch of the next block failed: store closed" in caplog.text
+    it.close()
+
+
 def test_make_loader_picks_the_block_sampler_beyond_ram_and_says_why(ct_store):
     lines: list[str] = []
     ds = CTPatchDataset(ct_store, cache_gb=unit_budget_gb(20))

@@ -152,8 +152,11 @@ class BlockSampler(Sampler[int]):
             # (the trainer calls it before every pass, which overrides this).
             self.epoch, self.start = self.epoch + 1, 0
         finally:
-            if self._generation == generation:
-                self._generation += 1  # an abandoned or finished pass stops its prefetches
+            if self._generation == generation:  # no later pass has started: stop prefetching
+                self._generation += 1  # what is under way stops at its next unit
+                pool, self._pool = self._pool, None
+                if pool is not None:  # its thread ends once that is done, not at exit
+                    pool.shutdown(wait=False, cancel_futures=True)
 
     def _submit(
         self, indices: np.ndarray, keep: np.ndarray | None, generation: int, decode: bool = True
@@ -181,7 +184,8 @@ class BlockSampler(Sampler[int]):
             else:
                 cache.read_ahead(units(indices), wanted)
         except Exception as exc:  # the readers decode what is missing and report errors
-            log.warning("prefetch of the next block failed: %s", exc)
+            if wanted():  # after its pass ended (a closed store, say) nobody needs it
+                log.warning("prefetch of the next block failed: %s", exc)
 
 
 def make_sampler(
