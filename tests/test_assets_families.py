@@ -1,7 +1,10 @@
 """Spike and image families, dataset manifests, reuse/force, batched runs, nightly schedule."""
 
+import gc
 import os
 import time
+import weakref
+from dataclasses import replace
 from datetime import datetime
 
 import dagster as dg
@@ -20,7 +23,13 @@ from graph import (
     sensor,
 )
 
+from zarrfeed.assets.workers import stage_builds
+from zarrfeed.families import Inputs, Stage, Step
+from zarrfeed.families.ct import CT
+from zarrfeed.families.images import IMAGES
+from zarrfeed.families.spike import SPIKE
 from zarrfeed.formats import read_dat, read_image
+from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import BuildOptions
 from zarrfeed.transforms.spike import voxel_bins
 
@@ -159,3 +168,37 @@ def test_nightly_schedule_requests_missing_and_changed_partitions(dagster_env):
     os.utime(changed, (future, future))
     discover(instance, resources, "spike")
     assert asked() == {"test_GOPR0384_11_00": "raw item changed"}
+
+
+@pytest.mark.parametrize("family", [CT, SPIKE, IMAGES], ids=lambda f: f.name)
+def test_a_built_partition_frees_its_arrays_without_the_collector(dagster_env, family):
+    """A partition's arrays go when its build ends, not when the cyclic collector next
+    runs: a step whose closures hold the step (a reference cycle) would keep a CT volume's
+    hundreds of MB per partition alive, beyond the memory a batched run budgets."""
+    _, resources, instance = dagster_env
+    store_resource = resources["zarr_store"]
+    keys = discover_into(instance, family, resources["raw"], store_resource)
+    settings = resources["ct_settings"].model_dump() if family is CT else {}
+    values = family.values(settings)
+    store = store_resource.store()
+    inputs = Inputs(family, store, store_resource.catalog(family.name), values)
+    made: list[weakref.ref] = []
+
+    def tracked(stage: Stage) -> Stage:
+        def build(inputs: Inputs, key: str) -> Step:
+            step = stage.build(inputs, key)
+            made.append(weakref.ref(step))
+            return step
+
+        return replace(stage, build=build)
+
+    stages = [tracked(s) for s in family.stages]
+    gc.collect()
+    gc.disable()
+    try:
+        built = list(stage_builds(inputs, store, stages, values, False, keys[0]))
+        assert len(built) == len(stages) == len(made)
+        alive = [s.asset.name for s, ref in zip(family.stages, made, strict=True) if ref()]
+        assert not alive, f"steps kept alive by a reference cycle: {alive}"
+    finally:
+        gc.enable()

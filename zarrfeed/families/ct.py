@@ -201,6 +201,10 @@ def hu_step(inputs: Inputs, key: str) -> Step:
     settings = inputs.settings
     preset = hu_preset(settings)
     state: dict[str, Any] = {}
+    # Provenance the read adds.  Not through ``step``: a closure holding the step that holds
+    # it is a reference cycle, which would keep the full-resolution volume alive after the
+    # build until the collector happens to run (hundreds of MB per partition).
+    attrs: dict[str, Any] = {"source_stamp": item.stamp, "source_kind": item.kind}
 
     def source_hu() -> tuple[np.ndarray, tuple[float, float, float]]:
         """The full-resolution HU volume and its spacing, read once per build."""
@@ -209,7 +213,7 @@ def hu_step(inputs: Inputs, key: str) -> Step:
             csv = hu.Rescale(*item.evidence["csv"]) if "csv" in item.evidence else None
             data, decision = vol.to_hu(csv=csv, override=settings["hu_overrides"].get(key))
             state.update(hu=data, spacing=vol.spacing, decision=decision)
-            step.attrs.update(
+            attrs.update(
                 source_spacing_zyx_mm=list(vol.spacing),
                 hu_rescale={
                     "slope": decision.slope,
@@ -276,17 +280,16 @@ def hu_step(inputs: Inputs, key: str) -> Step:
             "preview": Picture(png, title),
         }
 
-    step = Step(
+    return Step(
         inputs=identity,
         source=item.location,
         source_sha256=sha,
         produce=produce,
         check=check,
         describe=describe,
-        attrs={"source_stamp": item.stamp, "source_kind": item.kind},
+        attrs=attrs,
         watch=inputs.watch(item),
     )
-    return step
 
 
 def _from_hu(inputs: Inputs, key: str, **step: Any) -> Step:
