@@ -13,3 +13,17 @@ def square_or_fail(job: int, key: str) -> int:
     if key == "raise":
         raise RuntimeError("a bug in the task")
     return job * int(key) ** 2
+
+
+def page_faults_of_an_array(job: int, key: str) -> int:
+    """Minor page faults while a fresh ``job``-byte array is filled (and then freed)."""
+    import resource
+
+    import numpy as np
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = np.empty(job, np.uint8)
+    block.fill(1)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del block
+    return faults

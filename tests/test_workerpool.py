@@ -1,5 +1,8 @@
 """Items built in worker processes: each on its own, a dead worker failing only its item."""
 
+import platform
+import resource
+
 import pool_tasks
 import pytest
 
@@ -39,3 +42,18 @@ def test_only_large_items_built_several_at_once_go_to_worker_processes():
     assert worker_processes(2, PROCESS_ITEM_BYTES)
     assert not worker_processes(1, PROCESS_ITEM_BYTES)  # one at a time: threads
     assert not worker_processes(2, PROCESS_ITEM_BYTES - 1)  # small items: threads
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_a_worker_reuses_the_memory_its_items_freed():
+    """The second item's arrays land in pages the first one freed: no new page faults, where
+    a default process would fault in (and have zeroed) every page again."""
+    got: dict[str, int] = {}
+    size = 256 << 20
+    run_in_processes(["1", "2"], pool_tasks.page_faults_of_an_array, size, 1,
+                     lambda key, faults, error: got.__setitem__(key, faults))  # fmt: skip
+    pages = size // resource.getpagesize()
+    assert got["1"] > pages // 1024  # the first item faults its pages in (huge pages or not)
+    assert got["2"] < got["1"] // 10, got
+    assert pool_tasks.page_faults_of_an_array(size, "") > pages // 1024  # here: every time
+    assert pool_tasks.page_faults_of_an_array(size, "") > pages // 1024

@@ -15,7 +15,9 @@ imports the heavy modules once, so a worker starts in milliseconds after the fir
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import platform
 import signal
 import traceback
 from collections import deque
@@ -61,9 +63,32 @@ def warm_up() -> None:
     forkserver.ensure_running()
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Have this process reuse the memory its items free instead of handing it back (glibc
+    only; False elsewhere, where nothing changes).
+
+    glibc maps each large array (a CT volume: hundreds of MB) afresh and unmaps it when
+    freed, so every item faults in new pages that the kernel zeroes again, and a virtual
+    machine that returns freed memory to its host has the host back them again.  Served
+    from the heap (no mmap) and never trimmed, the next item reuses the pages in place (a
+    CT scan's build: ~55,000 page faults → a few hundred, 0.3 → 0.17 s of system time).
+    A worker builds items one after another and exits after its step, so what it keeps is
+    its own peak.
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, -1))
+
+
 def _serve(conn: Connection, task: Task, job: Any) -> None:
     """A worker: build each key the owner sends until it closes the connection."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides what an interrupt stops
+    keep_freed_memory()
     while True:
         try:
             key = conn.recv()
