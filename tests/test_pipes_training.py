@@ -2,12 +2,14 @@
 logs, metadata and the check; the same command trains outside Dagster; a failed or killed
 training fails the step with its last lines."""
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import dagster as dg
 import pytest
@@ -17,6 +19,7 @@ from graph import base_resources
 from procs import descendants
 
 from zarrfeed.assets.datasets import dataset_asset
+from zarrfeed.assets.messages import whole_lines
 from zarrfeed.assets.torchrun import TorchrunResource
 from zarrfeed.assets.training import model_asset
 from zarrfeed.families.ct import CT
@@ -119,3 +122,38 @@ def test_a_killed_training_process_fails_the_step_with_its_last_lines(built, tmp
     assert "no rank raised an error" in text
     assert "local rank 0, last lines of stdout" in text
     assert re.search(r"step \d+ \| loss=", text)  # where it stopped
+
+
+def test_a_message_caught_mid_write_is_read_whole(tmp_path):
+    """A read that lands while a long message is half written waits for its newline (Dagster
+    1.13's reader hands on the half and its thread dies); a line written just before the
+    close is still read; a last line cut off by a killed writer is dropped."""
+    path = tmp_path / "messages"
+    path.write_text("")
+    closed = threading.Event()
+    message = json.dumps({"method": "report", "params": {"text": "x" * 5000}})
+    halfway, written = threading.Event(), threading.Event()  # the rest is being written
+
+    def writer() -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(message[:900])
+            f.flush()
+            time.sleep(0.3)  # the reader polls every 10 ms: it finds the half line
+            halfway.set()
+            f.write(message[900:] + "\n")
+            f.write('{"method": "closed"}\n{"method": "cut')
+        written.set()
+        closed.set()
+
+    lines: list[str] = []
+    thread = threading.Thread(target=writer)
+    thread.start()
+    for line in whole_lines(str(path), closed.is_set):
+        lines.append(line)
+        if not halfway.is_set():
+            pytest.fail("a line was handed on before its newline")
+    thread.join()
+    assert written.is_set() and [json.loads(x) for x in lines] == [
+        json.loads(message),
+        {"method": "closed"},
+    ]

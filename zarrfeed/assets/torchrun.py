@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from zarrfeed.assets.messages import WholeLineMessageReader
 from zarrfeed.training.config import TrainConfig
 
 TAIL_LINES = 15
@@ -63,7 +64,7 @@ class TorchrunResource(dg.ConfigurableResource):
                 # preview): nothing a user of `dg dev` or `zarrfeed demo` can act on.
                 warnings.filterwarnings("ignore", ".*run_id is deprecated", DeprecationWarning)
                 warnings.filterwarnings("ignore", ".*expected_writer_count", dg.PreviewWarning)
-                return dg.PipesSubprocessClient().run(
+                return dg.PipesSubprocessClient(message_reader=WholeLineMessageReader()).run(
                     context=context, command=command, extras=dict(extras)
                 )
         except Exception as exc:  # the client's error names only the exit code
