@@ -112,13 +112,14 @@ def test_an_array_read_is_a_get_per_object_and_threads_share_one_client(store, m
         read = list(pool.map(lambda _: store.read_array("ct/windows", "scan_1", "lung"), range(4)))
     for found in read:
         np.testing.assert_array_equal(found, data)
-    # Per read: the commit record, the array's zarr.json, 24 chunks; no HEAD before a GET;
-    # one LIST of the version (kept by the store; reads side by side may each make one).
+    # Per read: the commit record (which holds the array's zarr.json), 24 chunks; no HEAD
+    # before a GET; one LIST of the version (kept by the store; reads side by side may each
+    # make one).
     methods = [m for m, _ in calls]
-    assert methods.count("get_object") == 4 * (2 + 24)
+    assert methods.count("get_object") == 4 * (1 + 24)
     assert 1 <= methods.count("list_objects_v2") <= 4
     assert len(methods) == methods.count("get_object") + methods.count("list_objects_v2")
-    assert len({fs for _, fs in calls} - {id(store.backend.fs)}) == 1  # zarr's, shared
+    assert {fs for _, fs in calls} == {id(store.backend.fs)}  # one client, shared
 
 
 def test_a_chunk_never_written_costs_no_request_and_a_lost_one_fails(store, monkeypatch):
@@ -136,10 +137,10 @@ def test_a_chunk_never_written_costs_no_request_and_a_lost_one_fails(store, monk
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
     np.testing.assert_array_equal(store.read_array("ct/windows", "scan_1", "lung"), data)
-    assert sorted(calls) == ["get_object"] * 3 + ["list_objects_v2"]  # record, zarr.json, chunk
+    assert sorted(calls) == ["get_object"] * 2 + ["list_objects_v2"]  # record, chunk
     calls.clear()
     np.testing.assert_array_equal(store.read_array("ct/windows", "scan_1", "lung"), data)
-    assert calls == ["get_object"] * 3  # the version's listing is kept
+    assert calls == ["get_object"] * 2  # the version's listing is kept
     # A listed chunk that is gone is an error, never fill values.
     store.backend.remove(f"{store.version_path('ct/windows', 'scan_1')}/lung/c/0/0")
     with pytest.raises(StoreError, match="lung/c/0/0: this chunk of a committed version"):

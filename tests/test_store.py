@@ -307,6 +307,27 @@ def test_commit_record_is_json_with_stored_bytes(store):
     assert record["stored_bytes"] > 0
 
 
+def test_an_array_opens_from_its_commit_record_and_a_disagreeing_one_is_refused(store, monkeypatch):
+    write(store, "scan_1", 0.5)
+    record = store.commit_record("ct/windows", "scan_1")
+    on_disk = store.open_array("ct/windows", "scan_1", "lung")
+    recorded = store._recorded_array(record, "ct/windows", "scan_1", "lung")
+    assert recorded is not None and recorded.metadata == on_disk.metadata
+    # The read takes the array's metadata from the record: its zarr.json is never read.
+    monkeypatch.setattr(store, "open_array", lambda *a, **k: pytest.fail("zarr.json read"))
+    assert (store.read_array("ct/windows", "scan_1", "lung") == 0.5).all()
+    # A record whose copy of zarr.json disagrees with its own shape fails loudly.
+    record["arrays"]["lung"]["zarr_json"]["shape"] = [20, 30, 41]
+    monkeypatch.setattr(store, "commit_record", lambda asset, key: record)
+    with pytest.raises(StoreError, match=r"lung: the commit record's zarr\.json .* disagrees"):
+        store.read_array("ct/windows", "scan_1", "lung")
+    # A record of an older zarrfeed (no copy) reads the array's own zarr.json.
+    del record["arrays"]["lung"]["zarr_json"]
+    monkeypatch.undo()
+    monkeypatch.setattr(store, "commit_record", lambda asset, key: record)
+    assert (store.read_array("ct/windows", "scan_1", "lung") == 0.5).all()
+
+
 @pytest.mark.parametrize(
     ("shape", "dtype", "chunks", "shards"),
     [

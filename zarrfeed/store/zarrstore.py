@@ -37,6 +37,10 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.array import AsyncArray
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.metadata import ArrayV3Metadata
+from zarr.storage import StorePath
 
 import zarrfeed
 from zarrfeed.errors import StoreError, ZarrfeedError
@@ -139,6 +143,9 @@ class PartitionWriter:
                 "shards": list(a.shards) if a.shards else None,
                 "codec": a.compressors[0].to_dict() if a.compressors else None,
                 "nbytes": int(a.nbytes),
+                # The array's zarr.json as written: a reader opens the array from the record
+                # it reads anyway, without a second round trip for the metadata.
+                "zarr_json": zarr_json(a),
             }
             for name, a in self.arrays.items()
         }
@@ -559,15 +566,48 @@ class ZarrStore:
 
     def chunked(self, asset: str, key: str, name: str, version: str | None = None) -> ChunkedArray:
         """Array ``name`` of a partition for fast whole, region or chunk reads."""
-        listed = None
+        listed, array = None, None
         if version is None:
             record = self.commit_record(asset, key)
             version = record["version"]
             listed = self._listing(self.version_path(asset, key, version), record)
+            array = self._recorded_array(record, asset, key, name)
         folder = self.version_path(asset, key, version)
-        array = self.open_array(asset, key, name, version)
+        if array is None:
+            array = self.open_array(asset, key, name, version)
         return ChunkedArray(array, self.backend, f"{folder}/{name}", f"{folder}/zarr.json",
                             self.tier, self.identity, listed)  # fmt: skip
+
+    def _recorded_array(
+        self, record: dict[str, Any], asset: str, key: str, name: str
+    ) -> zarr.Array | None:
+        """Array ``name`` of the version ``record`` commits, opened from the ``zarr.json``
+        the record holds (no GET of it); None where the record holds none (written by an
+        older zarrfeed, or no such array): then the array's own metadata is read.  A record
+        whose copy disagrees with its own shape, dtype or chunks is refused."""
+        summary = record["arrays"].get(name)
+        meta = summary.get("zarr_json") if isinstance(summary, dict) else None
+        if meta is None:
+            return None
+        folder = self.version_path(asset, key, record["version"])
+        path = f"{folder}/{check_key(name)}"
+        try:
+            parsed = ArrayV3Metadata.from_dict(meta)
+            zstore = self.backend.zarr_store(folder, read_only=True)
+            array = zarr.Array(AsyncArray(parsed, StorePath(zstore, name)))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise StoreError(f"{path}: the commit record's zarr.json is invalid ({exc})") from None
+        if (
+            list(array.shape) != summary["shape"]
+            or str(array.dtype) != summary["dtype"]
+            or list(array.chunks) != summary["chunks"]
+        ):
+            raise StoreError(
+                f"{path}: the commit record's zarr.json ({array.dtype} {array.shape}, chunks "
+                f"{array.chunks}) disagrees with the record ({summary['dtype']} "
+                f"{summary['shape']}, chunks {summary['chunks']}): rebuild the partition"
+            )
+        return array
 
     def _listing(self, folder: str, record: dict[str, Any]) -> frozenset[str] | None:
         """Every object path of the committed version in ``folder``, from one listing on an
@@ -858,6 +898,12 @@ def _entry(summary: dict[str, Any], provenance: bool) -> dict[str, Any]:
     if provenance:
         entry |= {k: summary["attrs"].get(k) for k in PROVENANCE}
     return entry
+
+
+def zarr_json(array: zarr.Array) -> dict[str, Any]:
+    """The ``zarr.json`` document zarr writes for ``array``."""
+    buffers = array.metadata.to_buffer_dict(default_buffer_prototype())
+    return json.loads(buffers["zarr.json"].to_bytes())
 
 
 def _json_default(obj: Any) -> Any:
