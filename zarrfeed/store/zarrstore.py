@@ -37,9 +37,7 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.array import AsyncArray
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.metadata import ArrayV3Metadata
+from zarr.buffer import default_buffer_prototype
 from zarr.storage import StorePath
 
 import zarrfeed
@@ -592,9 +590,8 @@ class ZarrStore:
         folder = self.version_path(asset, key, record["version"])
         path = f"{folder}/{check_key(name)}"
         try:
-            parsed = ArrayV3Metadata.from_dict(meta)
             zstore = self.backend.zarr_store(folder, read_only=True)
-            array = zarr.Array(AsyncArray(parsed, StorePath(zstore, name)))
+            array = zarr.Array(zarr.AsyncArray(meta, StorePath(zstore, name)))
         except (TypeError, ValueError, KeyError) as exc:
             raise StoreError(f"{path}: the commit record's zarr.json is invalid ({exc})") from None
         if (
