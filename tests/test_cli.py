@@ -218,6 +218,24 @@ def test_a_missing_raw_folder_is_reported_per_family_and_fails_verify(built, tmp
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def test_a_ctrl_c_a_run_swallowed_still_stops_the_demo():
+    """A run in the demo's process replaces the SIGINT handler with one that only notes the
+    signal, and forgets it once the run ends: the demo sees the Ctrl-C all the same."""
+    from zarrfeed.commands.demo import interrupts_seen
+
+    original = signal.signal(signal.SIGINT, lambda *_: None)  # as a run's handler does
+    try:
+        with interrupts_seen() as seen:
+            pass
+        assert not seen()
+        with interrupts_seen() as seen:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # Python runs the (swallowing) handler
+        assert seen()
+    finally:
+        signal.signal(signal.SIGINT, original)
+
+
 @pytest.mark.slow
 def test_demo_in_a_terminal_shows_its_bar_only_and_ctrl_c_one_line(sample_dir, tmp_path):
     """In a real terminal (a pseudo-terminal here), Dagster's logs go to demo.log, never

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -204,10 +206,35 @@ def run(job: Any, instance: Any, family: str, key: str, **options: Any) -> Row:
     """One run of ``job`` in this process (in a :func:`workspace_origin` block, with its
     tags), as a summary row."""
     t0 = time.perf_counter()
-    result = job.execute_in_process(instance=instance, raise_on_error=False, **options)
-    if any(e.cls_name in INTERRUPTED for e in _failures(result)):
+    with interrupts_seen() as seen:
+        result = job.execute_in_process(instance=instance, raise_on_error=False, **options)
+    if seen() or any(e.cls_name in INTERRUPTED for e in _failures(result)):
         raise KeyboardInterrupt  # Ctrl-C stops the whole demo, not only this run
     return _row(result, family, key, time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def interrupts_seen() -> Iterator[Callable[[], bool]]:
+    """Whether a Ctrl-C (SIGINT) arrived during the block, whoever handled it.  A run in
+    this process holds Ctrl-C for itself and forgets one that arrives after it last looked
+    (Dagster 1.13 looks between steps): a Ctrl-C as a run ends would stop nothing.  The
+    signal module's wakeup file descriptor records every signal that arrives."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    got = bytearray()
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    try:
+        yield lambda: signal.SIGINT in got
+    finally:
+        signal.set_wakeup_fd(previous)
+        with contextlib.suppress(BlockingIOError):
+            got += os.read(read, 4096)
+        os.close(read)
+        os.close(write)
 
 
 INTERRUPTED = {"DagsterExecutionInterruptedError", "KeyboardInterrupt"}
