@@ -253,6 +253,9 @@ def test_demo_in_a_terminal_shows_its_bar_only_and_ctrl_c_one_line(sample_dir, t
     pid, fd = pty.fork()
     if pid == 0:  # the child: the demo, its terminal the pseudo-terminal
         os.chdir(tmp_path)
+        # As a shell starts a foreground job: Ctrl-C at its default.  An xdist worker runs
+        # with SIGINT ignored, and an ignored signal stays ignored across exec.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(args[0], args, run_env)
     out, interrupted_at, deadline = bytearray(), None, time.monotonic() + 300
     log = home / "demo.log"
