@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 
 
 def square_or_fail(job: int, key: str) -> int:
@@ -12,6 +13,9 @@ def square_or_fail(job: int, key: str) -> int:
         os.kill(os.getpid(), signal.SIGKILL)
     if key == "raise":
         raise RuntimeError("a bug in the task")
+    if key == "answer-then-die":  # answers, then is killed while waiting for its next key
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return 0
     return job * int(key) ** 2
 
 

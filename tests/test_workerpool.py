@@ -2,6 +2,7 @@
 
 import platform
 import resource
+import time
 
 import pool_tasks
 import pytest
@@ -36,6 +37,26 @@ def test_a_dead_worker_fails_its_item_alone_and_the_others_still_build(workers):
         "item kill: the worker process building it was killed by SIGKILL (out of memory?)"
     )
     assert "RuntimeError: a bug in the task" in errors["raise"]
+
+
+def test_a_worker_that_answered_and_died_while_the_owner_was_busy_fails_nothing_else():
+    """Its answer and its death are seen in one wait, after a key was handed to it (and so
+    to a new worker): the new worker's key is built, not failed, and nothing crashes."""
+    done, errors, order = {}, {}, []
+
+    def finished(key: str, result: object, error: str | None) -> None:
+        order.append(key)
+        if error is None:
+            done[key] = result
+        else:
+            errors[key] = error
+        if key == "answer-then-die":
+            time.sleep(1.5)  # meanwhile: it answers "1", then is killed
+
+    keys = ["answer-then-die", "1", "2"]
+    run_in_processes(keys, pool_tasks.square_or_fail, 10, 1, finished)
+    assert sorted(order) == sorted(keys)
+    assert done == {"answer-then-die": 0, "1": 10, "2": 40}, errors
 
 
 def test_only_large_items_built_several_at_once_go_to_worker_processes():

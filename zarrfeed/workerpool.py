@@ -162,6 +162,7 @@ def run_in_processes(
                 worker.give(key)
                 return
             except OSError:  # it died after its last answer
+                worker.key = None  # (its end may be ready in this wait too: not this key's)
                 waiting.appendleft(key)
                 pool.remove(worker)
                 worker.stop(kill=True)
