@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import (
     CTPatchDataset,
@@ -230,6 +231,19 @@ def test_foreground_patches_find_the_foreground_far_more_often(phantom_store):
             hits += (batch["image"].flatten(1) > 0.5).any(1).tolist()
         share[name] = np.mean(hits)
     assert share["uniform"] < 0.2 < 0.4 < share["half"] < 0.8 < share["foreground"] == 1.0, share
+
+
+def test_foreground_patches_read_the_occupancy_the_manifest_lists(tmp_path):
+    """Occupied cells come from the ct_sparse versions the manifest lists, as the windows
+    do: a partition rebuilt after the dataset opened (other cells) fails loudly instead of
+    centring patches on another build's cells."""
+    store = phantom(tmp_path / "store.zarr")
+    ds = CTPatchDataset(store, cache_gb=0.05, patch_sampler="foreground")
+    params = {"sparse_grid": 16, "sparse_threshold": 0.5}
+    with store.write_partition("ct/sparse", "a", provenance("test", None, "1", params)) as w:
+        w.write("lung", np.zeros((1, 3), np.uint16), read="rows")
+    with pytest.raises(StoreError, match="rebuilt after the manifest"):
+        ds.patch_origins(np.arange(len(ds)))
 
 
 def test_patch_samplers_repeat_exactly_for_a_seed(phantom_store):

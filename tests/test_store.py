@@ -124,6 +124,30 @@ def test_a_reader_pinned_to_a_replaced_version_fails_loudly(store):
     np.testing.assert_array_equal(store.read_array("ct/windows", "scan_1", "lung"), 0.25)
 
 
+def test_a_partition_read_while_it_is_rebuilt_fails_loudly_and_never_mixes_builds(store):
+    def build(value: int) -> None:
+        with store.write_partition("ct/table", "all", {"build": value}) as w:
+            w.write("offsets", np.full(5, value, np.int64))
+            w.write("origins", np.full((4, 3), value, np.uint16))
+
+    build(1)
+    real = store.read_array
+
+    def racing(asset, key, name, version=None):
+        if name == "origins":  # a rebuild commits between the partition's two arrays
+            build(2)
+        return real(asset, key, name, version)
+
+    store.read_array = racing
+    try:
+        with pytest.raises(StoreError, match=r"is gone from .* rebuilt or deleted since"):
+            store.read_partition("ct/table", "all", ["offsets", "origins"])
+    finally:
+        store.read_array = real
+    arrays, attrs = store.read_partition("ct/table", "all", ["offsets", "origins"])
+    assert attrs["build"] == 2 and (arrays["offsets"] == 2).all() and (arrays["origins"] == 2).all()
+
+
 CRASH = """
 import os, sys, numpy as np
 from zarrfeed.store import ZarrStore

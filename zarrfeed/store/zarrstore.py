@@ -555,8 +555,15 @@ class ZarrStore:
         zstore = self.backend.zarr_store(folder, read_only=True)
         try:
             return zarr.open_array(zstore, path=check_key(name), mode="r", zarr_format=3)
-        except zarr.errors.NodeNotFoundError:  # (a FileNotFoundError too: before OSError)
-            group = self.open_partition(asset, key, version)  # the version may be gone
+        except FileNotFoundError:  # zarr's NodeNotFoundError is one: the array or its version
+            if not self.backend.exists(f"{folder}/zarr.json"):
+                raise StoreError(
+                    f"version {folder.rsplit('/', 1)[-1]} of partition {asset}/{key} is gone "
+                    f"from {self.url}: it was rebuilt or deleted since it was looked up (for "
+                    "a version a dataset manifest lists: rebuilt after the manifest was "
+                    "written; rebuild the dataset manifest); read it again"
+                ) from None
+            group = zarr.open_group(zstore, mode="r")
             arrays = sorted(group.array_keys())
             raise StoreError(f"partition {asset}/{key} has no array {name!r}: {arrays}") from None
         except OSError as exc:
@@ -628,6 +635,17 @@ class ZarrStore:
     def read_array(self, asset: str, key: str, name: str, version: str | None = None) -> np.ndarray:
         """All of array ``name`` of a committed partition, decoded in threads."""
         return self.chunked(asset, key, name, version).read()
+
+    def read_partition(
+        self, asset: str, key: str, names: list[str]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays ``names`` of the committed version of a partition, all from that one
+        version, and its attributes.  Read through the version's guard: a rebuild that
+        replaces the version meanwhile fails the read loudly, where a Zarr group opened
+        before it would read the removed chunks as fill values."""
+        record = self.commit_record(asset, key)
+        version = record["version"]
+        return {n: self.read_array(asset, key, n, version) for n in names}, record["attrs"]
 
     # manifests ---------------------------------------------------------------------------
     def build_manifest(

@@ -64,10 +64,11 @@ class CTPatchDataset(StoreDataset):
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
-            table = self.store.open_partition(CT.dataset_path, PATCH_TABLE.name)
-            offsets = table["offsets"][...]
-            self.items = np.repeat(self.items, np.diff(offsets))
-            self.origins = table["origins"][...]
+            table, _ = self.store.read_partition(
+                CT.dataset_path, PATCH_TABLE.name, ["offsets", "origins"]
+            )
+            self.items = np.repeat(self.items, np.diff(table["offsets"]))
+            self.origins = table["origins"]
             record = self.store.commit_record(CT_PATCHES.path, self.keys[0])["attrs"]
             self.patch_shape = tuple(record["patch_shape"])
             self.patch_sampler = make_patch_sampler(patch_sampler)
@@ -79,10 +80,10 @@ class CTPatchDataset(StoreDataset):
     def _labels(self) -> tuple[np.ndarray | None, list[str]]:
         if not self.store.has_partition(CT.dataset_path, LABELS):
             return None, []
-        group = self.store.open_partition(CT.dataset_path, LABELS)
-        table = group[LABELS][...].astype(np.float32)
-        table[table == group.attrs["unknown"]] = np.nan
-        return table, list(group.attrs["names"])
+        arrays, attrs = self.store.read_partition(CT.dataset_path, LABELS, [LABELS])
+        table = arrays[LABELS].astype(np.float32)
+        table[table == attrs["unknown"]] = np.nan
+        return table, list(attrs["names"])
 
     def __len__(self) -> int:
         return len(self.items)

@@ -35,10 +35,12 @@ class ImagePatchDataset(StoreDataset):
     ) -> None:
         super().__init__(store, cache_gb, seed, transform)
         self.defects = defects
-        table = self.store.open_partition(IMAGES.dataset_path, PATCH_TABLE.name)
-        offsets = table["offsets"][...]
+        table, _ = self.store.read_partition(
+            IMAGES.dataset_path, PATCH_TABLE.name, ["offsets", "items", "origins"]
+        )
+        offsets = table["offsets"]
         self.sets = np.repeat(np.arange(len(self.keys), dtype=np.uint32), np.diff(offsets))
-        self.images, self.origins = table["items"][...], table["origins"][...]
+        self.images, self.origins = table["items"], table["origins"]
         attrs = self.store.commit_record(IMAGE_PATCHES.path, self.keys[0])["attrs"]
         self.patch_shape = tuple(attrs["patch_shape"])
 

@@ -112,8 +112,12 @@ class ForegroundPatches(PatchSampler):
                 f"{CT_SPARSE.path} of {dataset.url} has no window {dataset.window!r} "
                 f"(it has {have}): rebuild ct_sparse with that window"
             )
-        record = dataset.store.commit_record(CT_SPARSE.path, dataset.keys[0])["attrs"]
-        self.grid = int(record["params"]["sparse_grid"] or 0)  # 0: full resolution
+        # The versions the manifest lists, as the windows are read: a partition rebuilt
+        # since (another grid, other cells) fails loudly instead of mixing two builds.
+        first = dataset.store.open_partition(
+            CT_SPARSE.path, dataset.keys[0], self.partitions[0]["version"]
+        )
+        self.grid = int(first.attrs["params"]["sparse_grid"] or 0)  # 0: full resolution
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cells": {}}  # each process reads what it samples
@@ -122,9 +126,8 @@ class ForegroundPatches(PatchSampler):
         """The occupied cells of volume ``item`` (read once per process)."""
         found = self._cells.get(item)
         if found is None:
-            key = self.dataset.keys[item]
-            group = self.dataset.store.open_partition(CT_SPARSE.path, key)
-            found = group[self.dataset.window][...]
+            key, version = self.dataset.keys[item], self.partitions[item]["version"]
+            found = self.dataset.store.read_array(CT_SPARSE.path, key, self.dataset.window, version)
             if not len(found):
                 raise StoreError(
                     f"{CT_SPARSE.path}/{key} of {self.dataset.url} has no occupied cell in "
