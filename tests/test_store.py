@@ -148,6 +148,22 @@ def test_a_partition_read_while_it_is_rebuilt_fails_loudly_and_never_mixes_build
     assert attrs["build"] == 2 and (arrays["offsets"] == 2).all() and (arrays["origins"] == 2).all()
 
 
+def test_a_damaged_commit_record_or_manifest_is_named(store):
+    write(store, "scan_1", 0.5)
+    store.write_dataset("ct", ["ct/windows"])
+    record = store._record_path("ct/windows", "scan_1")
+    manifest = store._meta("manifests", "ct.json")
+    for path in (record, manifest):
+        store.backend.write_atomic(path, b'{"version": "v1", "arr')  # cut short
+    for read in (
+        lambda: store.commit_record("ct/windows", "scan_1"),
+        lambda: store.commit_records("ct/windows", ["scan_1"]),
+        lambda: store.read_manifest("ct"),
+    ):
+        with pytest.raises(StoreError, match=r"not a readable JSON document.*damaged"):
+            read()
+
+
 CRASH = """
 import os, sys, numpy as np
 from zarrfeed.store import ZarrStore

@@ -294,10 +294,12 @@ class ZarrStore:
         return committed
 
     def _committed_version(self, asset: str, key: str) -> str | None:
+        path = self._record_path(asset, key)
         try:
-            return jsonio.loads(self.backend.read(self._record_path(asset, key))).get("version")
+            data = self.backend.read(path)
         except FileNotFoundError:
             return None
+        return _parsed(path, data).get("version")
 
     def _ensure_groups(self, asset: str, key: str) -> None:
         """Group metadata for the root, each asset level and the partition folder, so the
@@ -403,10 +405,12 @@ class ZarrStore:
 
     def commit_record(self, asset: str, key: str) -> dict[str, Any]:
         """The commit record of a partition: its version, arrays, stored bytes, provenance."""
+        path = self._record_path(asset, key)
         try:
-            record = jsonio.loads(self.backend.read(self._record_path(asset, key)))
+            data = self.backend.read(path)
         except FileNotFoundError:
             raise StoreError(f"no committed partition {key!r} of {asset!r} in {self.url}") from None
+        record = _parsed(path, data)
         if "version" not in record:
             raise StoreError(
                 f"partition {asset}/{key} of {self.url} was written by an older zarrfeed "
@@ -419,7 +423,10 @@ class ZarrStore:
         concurrent read instead of a round trip per key on an object store."""
         paths = [self._record_path(asset, k) for k in keys]
         found = self.backend.read_many(paths)
-        return {k: None if b is None else jsonio.loads(b) for k, b in zip(keys, found, strict=True)}
+        return {
+            k: None if b is None else _parsed(p, b)
+            for k, p, b in zip(keys, paths, found, strict=True)
+        }
 
     def changes(self, asset: str) -> ChangeLog:
         """The change log of ``asset``: one intent per commit, written before its record."""
@@ -836,12 +843,23 @@ class ZarrStore:
         self.backend.write_atomic(self._meta("manifests", f"{check_asset(name)}.json"), data)
 
     def read_manifest(self, asset: str) -> dict[str, Any]:
+        path = self._meta("manifests", f"{check_asset(asset)}.json")
         try:
-            return jsonio.loads(
-                self.backend.read(self._meta("manifests", f"{check_asset(asset)}.json"))
-            )
+            data = self.backend.read(path)
         except FileNotFoundError:
             raise StoreError(f"no manifest for {asset!r} in {self.url}; build it first") from None
+        return _parsed(path, data)
+
+
+def _parsed(path: str, data: bytes) -> Any:
+    """The JSON document ``data`` read from ``path``; a damaged one is named."""
+    try:
+        return jsonio.loads(data)
+    except ValueError as exc:  # json's and orjson's decode errors are ValueErrors
+        raise StoreError(
+            f"{path}: not a readable JSON document ({exc}); the file is damaged: rebuild "
+            "what it records"
+        ) from None
 
 
 PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")
