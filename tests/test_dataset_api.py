@@ -246,6 +246,26 @@ def test_foreground_patches_read_the_occupancy_the_manifest_lists(tmp_path):
         ds.patch_origins(np.arange(len(ds)))
 
 
+def test_a_patch_table_of_another_build_than_the_manifest_is_refused(tmp_path):
+    """A dataset build writes its manifest, then its tables: read in between, the stored
+    patch origins of a rebuilt scan (or another set of keys) belong to another build."""
+    store = phantom(tmp_path / "store.zarr")
+    assert len(CTPatchDataset(store, cache_gb=0.05)) == 32
+    attrs = provenance("test", None, "1", patch_shape=[8, 16, 16])
+    with store.write_partition("ct/patches", "a", attrs) as w:  # rebuilt: other origins
+        w.write("origins", np.zeros((16, 3), np.uint16), read="rows")
+    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"])  # not its table yet
+    with pytest.raises(StoreError, match="written for another build of the ct dataset"):
+        CTPatchDataset(store, cache_gb=0.05)
+    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"], {"b": ["in doubt"]})
+    with pytest.raises(StoreError, match="written for another build of the ct dataset"):
+        CTPatchDataset(store, cache_gb=0.05)  # the manifest lost a key
+    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"])
+    store.consolidate("ct", "ct/patches", ["a", "b"], ["origins"], table="patches")
+    ds = CTPatchDataset(store, cache_gb=0.05)
+    assert (ds.origins[:16] == 0).all() and len(ds) == 32
+
+
 def test_patch_samplers_repeat_exactly_for_a_seed(phantom_store):
     for name in ("stored", "uniform", "foreground"):
         a, b, c = (

@@ -147,6 +147,30 @@ class StoreDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_store": None, "_ring": None}
 
+    def read_table(
+        self, path: str, name: str, arrays: list[str]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays and attributes of the dataset's table ``name`` (stored under ``path``),
+        refused unless it was written for this manifest: its keys, and the versions of the
+        partitions it gathers.  A dataset build writes its manifest, then its tables; read
+        in between (or after a build that stopped there), a table of another build would
+        pair rows with the wrong samples."""
+        found, attrs = self.store.read_partition(path, name, arrays)
+        source = self.manifest_assets.get(attrs.get("source_asset", ""))
+        stale = attrs.get("keys") != self.keys or (
+            source is not None
+            and "versions" in attrs
+            and attrs["versions"] != [p["version"] for p in source["partitions"]]
+        )
+        if stale:
+            raise StoreError(
+                f"{path}/{name} of {self.url} was written for another build of the "
+                f"{self.dataset} dataset than its manifest (a dataset build still writing, "
+                "or one that stopped between its manifest and its tables): open the dataset "
+                "again once the build ends, or rebuild it (the datasets_build job)"
+            )
+        return found, attrs
+
     @cached_property
     def cache(self) -> CachedArrays:
         """The decoded arrays (in RAM when they fit ``cache_gb``, else chunk by chunk)."""

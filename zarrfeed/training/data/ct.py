@@ -64,9 +64,7 @@ class CTPatchDataset(StoreDataset):
         self.labels, self.label_names = self._labels()
         self.items = np.arange(len(self.keys), dtype=np.uint32)
         if patch:
-            table, _ = self.store.read_partition(
-                CT.dataset_path, PATCH_TABLE.name, ["offsets", "origins"]
-            )
+            table, _ = self.read_table(CT.dataset_path, PATCH_TABLE.name, ["offsets", "origins"])
             self.items = np.repeat(self.items, np.diff(table["offsets"]))
             self.origins = table["origins"]
             record = self.store.commit_record(CT_PATCHES.path, self.keys[0])["attrs"]
@@ -80,7 +78,7 @@ class CTPatchDataset(StoreDataset):
     def _labels(self) -> tuple[np.ndarray | None, list[str]]:
         if not self.store.has_partition(CT.dataset_path, LABELS):
             return None, []
-        arrays, attrs = self.store.read_partition(CT.dataset_path, LABELS, [LABELS])
+        arrays, attrs = self.read_table(CT.dataset_path, LABELS, [LABELS])
         table = arrays[LABELS].astype(np.float32)
         table[table == attrs["unknown"]] = np.nan
         return table, list(attrs["names"])

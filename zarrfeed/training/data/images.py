@@ -35,7 +35,7 @@ class ImagePatchDataset(StoreDataset):
     ) -> None:
         super().__init__(store, cache_gb, seed, transform)
         self.defects = defects
-        table, _ = self.store.read_partition(
+        table, _ = self.read_table(
             IMAGES.dataset_path, PATCH_TABLE.name, ["offsets", "items", "origins"]
         )
         offsets = table["offsets"]
