@@ -3,6 +3,7 @@
 import platform
 import resource
 import time
+from collections.abc import Callable
 
 import pool_tasks
 import pytest
@@ -11,7 +12,11 @@ from zarrfeed.batching import PROCESS_ITEM_BYTES, worker_processes
 from zarrfeed.workerpool import run_in_processes
 
 
-def build(keys: list[str], workers: int) -> tuple[dict, dict, list[str]]:
+def build(
+    keys: list[str], workers: int, busy: Callable[[str], None] = lambda key: None
+) -> tuple[dict, dict, list[str]]:
+    """What ``square_or_fail`` built, the errors, the order keys ended in; ``busy(key)``:
+    the owner's own work after each key ends."""
     done, errors, order = {}, {}, []
 
     def finished(key: str, result: object, error: str | None) -> None:
@@ -20,6 +25,7 @@ def build(keys: list[str], workers: int) -> tuple[dict, dict, list[str]]:
             done[key] = result
         else:
             errors[key] = error
+        busy(key)
 
     where = lambda key: f"item {key}"  # noqa: E731
     run_in_processes(keys, pool_tasks.square_or_fail, 10, workers, finished, where)
@@ -42,19 +48,13 @@ def test_a_dead_worker_fails_its_item_alone_and_the_others_still_build(workers):
 def test_a_worker_that_answered_and_died_while_the_owner_was_busy_fails_nothing_else():
     """Its answer and its death are seen in one wait, after a key was handed to it (and so
     to a new worker): the new worker's key is built, not failed, and nothing crashes."""
-    done, errors, order = {}, {}, []
 
-    def finished(key: str, result: object, error: str | None) -> None:
-        order.append(key)
-        if error is None:
-            done[key] = result
-        else:
-            errors[key] = error
+    def busy(key: str) -> None:
         if key == "answer-then-die":
             time.sleep(1.5)  # meanwhile: it answers "1", then is killed
 
     keys = ["answer-then-die", "1", "2"]
-    run_in_processes(keys, pool_tasks.square_or_fail, 10, 1, finished)
+    done, errors, order = build(keys, 1, busy)
     assert sorted(order) == sorted(keys)
     assert done == {"answer-then-die": 0, "1": 10, "2": 40}, errors
 
