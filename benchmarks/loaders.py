@@ -63,8 +63,8 @@ def make_volumes(
             w.write("origins", origins.astype(np.uint16), read="rows")
             w.write("fraction", np.ones(per_volume, np.float32), read="rows")
         np.save(root / f"{key}.npy", vol)  # the usual baseline: uncompressed .npy, mmap'd
-    store.write_dataset("ct", ["ct/windows", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins", "fraction"], table="patches")
+    listed = store.write_dataset("ct", ["ct/windows", "ct/patches"])["keys"]  # sorted
+    store.consolidate("ct", "ct/patches", listed, ["origins", "fraction"], table="patches")
     return store
 
 

@@ -48,8 +48,8 @@ def build_ct(
         attrs = provenance("test", None, "1", patch_shape=[PATCH] * 3)
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
-    store.write_dataset("ct", ["ct/windows", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins"], table="patches")
+    listed = store.write_dataset("ct", ["ct/windows", "ct/patches"])["keys"]  # sorted
+    store.consolidate("ct", "ct/patches", listed, ["origins"], table="patches")
     return store
 
 
