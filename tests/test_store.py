@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from zarrfeed.store import (
     compressors_for,
     provenance,
     sanitise_key,
+    zarrstore,
 )
 from zarrfeed.store.chunkio import ZEROED_BYTES, BloscLayout, write_from
 from zarrfeed.store.zarrstore import version_time
@@ -162,6 +164,29 @@ def test_a_damaged_commit_record_or_manifest_is_named(store):
     ):
         with pytest.raises(StoreError, match=r"not a readable JSON document.*damaged"):
             read()
+
+
+def test_a_version_made_durable_too_late_is_not_committed_and_the_old_one_stays(tmp_path):
+    """Unnamed versions older than the grace period are swept by other writers: a version
+    whose data became durable only near that age is refused before its record names it."""
+    store = ZarrStore(tmp_path / "s.zarr")
+    write(store, "scan_1", 0.5)
+    real = store.backend.persist
+
+    def slow(folder: str) -> None:
+        time.sleep(1.2)
+        real(folder)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(zarrstore, "VERSION_GRACE_S", zarrstore.MARGIN_S + 1.0)
+        mp.setattr(store.backend, "persist", slow)
+        with pytest.raises(StoreError, match="too close to the"):
+            write(store, "scan_1", 0.25)
+    np.testing.assert_array_equal(store.read_array("ct/windows", "scan_1", "lung"), 0.5)
+    versions = [
+        n for n in store.backend.list_dir(store.path("ct/windows", "scan_1")) if version_time(n)
+    ]
+    assert len(versions) == 1  # the late one is gone
 
 
 CRASH = """

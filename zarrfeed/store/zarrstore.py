@@ -232,14 +232,8 @@ class ZarrStore:
             zarr.open_group(writer._zstore, mode="r+").attrs.update(writer.attrs)
         except OSError as exc:
             raise self.backend.failure("write", f"{writer.folder}/zarr.json", exc) from None
+        _young_enough(asset, key, version)
         now = time.time()
-        born = version_time(version) or now
-        if now - born >= VERSION_GRACE_S:  # a sweep may already be removing it
-            raise StoreError(
-                f"partition {asset}/{key}: writing took {now - born:.0f} s, longer than the "
-                f"{VERSION_GRACE_S:.0f} s after which unnamed versions are collected; nothing "
-                "was committed: rerun it, or raise zarrstore.VERSION_GRACE_S"
-            )
         record = {
             "layout": LAYOUT,
             "asset": asset,
@@ -266,6 +260,7 @@ class ZarrStore:
             self.backend.persist(folder)  # the data is durable before the record names it
             previous = self._committed_version(asset, key)
             noted = self.changes(asset).note(key, version)  # readers look at this key again
+            _young_enough(asset, key, version)  # again: making it durable takes time too
         except BaseException:
             self._discard(folder)
             raise
@@ -849,6 +844,20 @@ class ZarrStore:
         except FileNotFoundError:
             raise StoreError(f"no manifest for {asset!r} in {self.url}; build it first") from None
         return _parsed(path, data)
+
+
+def _young_enough(asset: str, key: str, version: str) -> None:
+    """Refuse to commit a version that a sweep may be removing: one older than the grace
+    period after which unnamed versions are collected, less ``MARGIN_S`` (the clocks of
+    the machines sharing a store agree within half of it; the rest is left for the record's
+    own write)."""
+    age = time.time() - (version_time(version) or time.time())
+    if age >= VERSION_GRACE_S - MARGIN_S:
+        raise StoreError(
+            f"partition {asset}/{key}: writing took {age:.0f} s, too close to the "
+            f"{VERSION_GRACE_S:.0f} s after which unnamed versions are collected; nothing "
+            "was committed: rerun it, or raise zarrstore.VERSION_GRACE_S"
+        )
 
 
 def _parsed(path: str, data: bytes) -> Any:
