@@ -500,3 +500,32 @@ def test_a_large_read_gives_the_fill_value_where_no_chunk_was_written(tmp_path, 
     np.testing.assert_array_equal(array.read(), data)
     region = (slice(3, 77), slice(1, 500), slice(5, 511))
     np.testing.assert_array_equal(array.read(region), data[region])
+
+
+@pytest.mark.parametrize("attr", ["array_xxh3_128", "array_sha256"])
+def test_verify_checks_each_partition_with_the_hash_it_recorded(tmp_path, attr):
+    """Partitions built before the switch to XXH3 carry SHA-256 sums: verify must recompute
+    the hash each partition recorded (another hash would call every old partition changed)
+    and still catch one flipped bit."""
+    from zarrfeed.commands.verify import verify_partition
+    from zarrfeed.families.ct import CT, CT_WINDOWS
+    from zarrfeed.store.checksums import HASHES
+
+    store = ZarrStore(tmp_path / "s.zarr")
+    window = np.random.default_rng(0).random((20, 30, 40)).astype(np.float16)
+
+    def build(data: np.ndarray) -> None:
+        attrs = provenance("raw.nii.gz", None, "1", {"windows": ["lung"]})
+        attrs[attr] = {"lung": HASHES[attr](window)}  # recorded at build
+        with store.write_partition(CT_WINDOWS.path, "k", attrs) as w:
+            w.write("lung", data)
+
+    build(window)
+    ok = verify_partition(store, CT, CT_WINDOWS, "k", catalog={})
+    assert ok.status == "ok", ok.details
+    flipped = window.copy()
+    flipped.view(np.uint16)[3, 4, 5] ^= 1
+    build(flipped)
+    bad = verify_partition(store, CT, CT_WINDOWS, "k", catalog={})
+    assert bad.status == "MISMATCH"
+    assert bad.details == ["lung: content checksum differs from the one recorded at build"]

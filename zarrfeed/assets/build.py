@@ -37,7 +37,7 @@ from zarrfeed.errors import ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.store.checksums import ATTR, array_sha256
+from zarrfeed.store.checksums import ATTR, array_checksum
 from zarrfeed.store.contract import StoredAsset, stale_reason
 from zarrfeed.workerpool import run_in_processes, start_problem, warm_up
 
@@ -130,25 +130,21 @@ def build_partition(
     if step.watch is not None:
         step.watch.verify()
     conform(spec, settings, arrays)
-    with ThreadPoolExecutor(1, thread_name_prefix="checksum") as pool:
-        # The checksums are computed beside the checks and the write (hashlib releases the
-        # GIL): hashing a CT volume takes as long as coding it.
-        sums = pool.submit(lambda: {name: array_sha256(d) for name, d in arrays.items()})
-        checks = conform_checks(spec, step.check(arrays))
-        attrs = provenance(
-            step.source,
-            step.source_sha256,
-            spec.version,
-            spec.settings_of(settings, key),
-            fingerprint=fingerprint,
-            **step.attrs,
-        )
-        with store.write_partition(spec.path, key, attrs) as w:
-            for name, data in arrays.items():
-                a = spec.array(name)
-                w.write(name, data, read=a.read, content=a.content, dimension_names=a.dims)
-            w.checks = {n: ok for n, (ok, _) in checks.items()}
-            w.attrs[ATTR] = sums.result()
+    checks = conform_checks(spec, step.check(arrays))
+    attrs = provenance(
+        step.source,
+        step.source_sha256,
+        spec.version,
+        spec.settings_of(settings, key),
+        fingerprint=fingerprint,
+        **step.attrs,
+    )
+    attrs[ATTR] = {name: array_checksum(d) for name, d in arrays.items()}
+    with store.write_partition(spec.path, key, attrs) as w:
+        for name, data in arrays.items():
+            a = spec.array(name)
+            w.write(name, data, read=a.read, content=a.content, dimension_names=a.dims)
+        w.checks = {n: ok for n, (ok, _) in checks.items()}
     seconds = time.perf_counter() - t0
     metadata = partition_metadata(store, spec.path, key, seconds, why)
     return Built({**metadata, **described(step, arrays)}, checks, fingerprint)

@@ -22,7 +22,7 @@ from zarrfeed.commands.status import RESTORE
 from zarrfeed.families import Family
 from zarrfeed.sources.raw import is_hub, item_sha256, missing_source
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.checksums import ATTR, array_sha256
+from zarrfeed.store.checksums import recorded_checksums
 from zarrfeed.store.contract import SOURCE, StoredAsset
 
 
@@ -49,7 +49,7 @@ def verify_partition(
 ) -> Finding:
     record = store.commit_record(spec.path, key)
     attrs = record["attrs"]
-    sums = attrs.get(ATTR) or {}
+    sums, checksum = recorded_checksums(attrs)
     mismatches, notes, unsummed = [], [], []
     for name, meta in record["arrays"].items():
         try:
@@ -64,7 +64,7 @@ def verify_partition(
             )
         elif name not in sums:
             unsummed.append(name)
-        elif array_sha256(data) != sums[name]:
+        elif checksum(data) != sums[name]:
             mismatches.append(f"{name}: content checksum differs from the one recorded at build")
     if unsummed:
         notes.append(
