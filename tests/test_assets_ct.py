@@ -166,3 +166,37 @@ def test_changes_make_exactly_the_affected_partitions_stale_and_the_nightly_rebu
         dg.materialize(raw_scan, partition_key=key, resources=runtime(resources), instance=instance)
         new = latest(instance, "ct_raw_scan", key).tags["dagster/data_version"]
         assert (new != old) == (key == "train_2_a_1")  # so only its ct_hu is stale in the UI
+
+
+@pytest.mark.slow
+def test_a_rebuilt_partition_refreshes_the_manifest_and_a_reused_one_does_not(dagster_env):
+    """A forced rebuild commits new versions with the same fingerprint and removes the ones
+    the manifest pins: the manifest's automation must see a new data version, or training
+    stays pinned to versions that are gone.  A rerun that reuses every partition must not."""
+    from graph import dataset_assets, materialize
+
+    from zarrfeed.resources import BuildOptions
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    dataset = [a for a in dataset_assets() if a.key.path == ["ct_dataset"]]
+    assert materialize(dataset, instance, resources=resources).success
+    defs = dg.Definitions(
+        assets=[*dataset, *family_assets("ct", resources)], resources=runtime(resources)
+    )
+    manifest_key = dg.AssetKey("ct_dataset")
+    tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+
+    assert build(resources, instance, "ct", key).success  # every partition reused
+    tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+    assert tick.get_num_requested(manifest_key) == 0
+
+    store = resources["zarr_store"].store()
+    before = store.commit_record("ct/windows", key)["version"]
+    forced = {**resources, "build": BuildOptions(force=True)}
+    assert build(forced, instance, "ct", key).success
+    assert store.commit_record("ct/windows", key)["version"] != before
+    tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+    assert tick.get_num_requested(manifest_key) == 1

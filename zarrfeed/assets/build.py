@@ -65,7 +65,10 @@ def intended() -> Iterator[None]:
 
 @dataclass
 class Built:
-    """What building (or reusing) one partition reports."""
+    """What building (or reusing) one partition reports.  A stored partition's data version
+    is its committed version: reuse keeps it, and any new commit changes it — also a forced
+    or healing rebuild with an unchanged fingerprint, which replaces the version a dataset
+    manifest pins, so the manifest's automation must see it."""
 
     metadata: dict[str, Any]
     checks: Checks = field(default_factory=dict)
@@ -117,7 +120,7 @@ def build_partition(
         recorded = (record or {}).get("checks") or {}
         if all(ok == recorded.get(n, True) for n, (ok, _) in checks.items()):
             metadata = partition_metadata(store, spec.path, key, None, "unchanged inputs")
-            return Built({**metadata, **described(step, arrays)}, checks, fingerprint)
+            return Built({**metadata, **described(step, arrays)}, checks, metadata["version"])
         why = "stored data failed its checks"
     why = why or ("first build" if record is None else stale)
     t0 = time.perf_counter()
@@ -151,7 +154,7 @@ def build_partition(
             w.attrs[ATTR] = sums.result()
     seconds = time.perf_counter() - t0
     metadata = partition_metadata(store, spec.path, key, seconds, why)
-    return Built({**metadata, **described(step, arrays)}, checks, fingerprint)
+    return Built({**metadata, **described(step, arrays)}, checks, metadata["version"])
 
 
 def described(step: Step, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
