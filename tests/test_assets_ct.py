@@ -200,3 +200,18 @@ def test_a_rebuilt_partition_refreshes_the_manifest_and_a_reused_one_does_not(da
     assert store.commit_record("ct/windows", key)["version"] != before
     tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
     assert tick.get_num_requested(manifest_key) == 1
+
+
+def test_every_setting_a_ct_stage_reads_makes_its_partitions_out_of_date():
+    """A setting a stage's build or its blocking checks read is part of its fingerprint and
+    code version: ``min_points`` decides which sparse partitions fail their check and so
+    which scans enter the dataset, and a changed threshold must reach the committed
+    partitions (the nightly rebuild, the UI's staleness)."""
+    from zarrfeed.families.ct import CT, CT_SPARSE
+
+    source = {"sha256": "0" * 64, "evidence": {}}
+    before = CT.values({})
+    after = CT.values({"min_points": before["min_points"] * 100})
+    assert CT_SPARSE.code_version(after) != CT_SPARSE.code_version(before)
+    old, new = CT.expected(before, "k", source), CT.expected(after, "k", source)
+    assert [name for name in old if old[name] != new[name]] == ["ct_sparse"]
