@@ -5,8 +5,9 @@ fingerprint inputs, how to produce its arrays, how to check them — and
 :func:`build_partition` does the rest the same way for all:
 
 1. the fingerprint from the contract (code version, declared settings, inputs);
-2. reuse when the committed partition has that fingerprint and its stored data still passes
-   the checks (stored data that fails them is rebuilt: corruption heals itself);
+2. reuse when the committed partition has that fingerprint and its stored data still matches
+   its recorded checksums and passes the checks (stored data that does not is rebuilt:
+   corruption heals itself);
 3. otherwise produce, conform to the contract (names, dtypes, dims), check **before
    committing**, and commit the arrays with their provenance and check results — a
    partition that fails a blocking check is committed for inspection but never enters a
@@ -80,6 +81,14 @@ def stored_arrays(store: ZarrStore, spec: StoredAsset, key: str) -> dict[str, np
     return {name: store.read_array(spec.path, key, name) for name in names}
 
 
+def changed_arrays(record: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """The arrays whose stored values differ from the checksums their commit recorded (a
+    lost chunk file reads as fill values, which may well pass the checks); arrays without a
+    recorded checksum are taken as they are."""
+    sums = (record.get("attrs") or {}).get(ATTR) or {}
+    return [n for n, d in arrays.items() if n in sums and array_sha256(d) != sums[n]]
+
+
 def conform_checks(spec: StoredAsset, checks: Checks) -> Checks:
     """Refuse check results that are not the declared checks (a bug, never a bad input)."""
     if sorted(checks) != sorted(spec.check_names):
@@ -116,12 +125,17 @@ def build_partition(
     why = "forced" if force else None
     if why is None and stale is None:
         arrays = stored_arrays(store, spec, key)
-        checks = conform_checks(spec, step.check(arrays))
+        with ThreadPoolExecutor(1, thread_name_prefix="checksum") as pool:
+            altered = pool.submit(changed_arrays, record or {}, arrays)
+            checks = conform_checks(spec, step.check(arrays))
         recorded = (record or {}).get("checks") or {}
-        if all(ok == recorded.get(n, True) for n, (ok, _) in checks.items()):
+        if any(ok != recorded.get(n, True) for n, (ok, _) in checks.items()):
+            why = "stored data failed its checks"
+        elif altered.result():
+            why = "stored data differs from its checksums"
+        else:
             metadata = partition_metadata(store, spec.path, key, None, "unchanged inputs")
             return Built({**metadata, **described(step, arrays)}, checks, metadata["version"])
-        why = "stored data failed its checks"
     why = why or ("first build" if record is None else stale)
     t0 = time.perf_counter()
     try:
