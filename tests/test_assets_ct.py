@@ -241,3 +241,28 @@ def test_stored_data_that_passes_its_checks_but_not_its_checksums_is_rebuilt(dag
     assert mat.metadata["reused"].value is False
     assert mat.metadata["why"].value == "stored data differs from its checksums"
     np.testing.assert_array_equal(store.read_array("ct/windows", key, "lung"), before)
+
+
+@pytest.mark.slow
+def test_stored_data_that_no_longer_decodes_is_rebuilt(dagster_env):
+    """A chunk overwritten with garbage fails to decode: the partition is rebuilt from its
+    source, as one that fails its checks is, instead of failing every run until forced."""
+    from pathlib import Path
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    store = resources["zarr_store"].store()
+    before = store.read_array("ct/windows", key, "lung")
+    chunk = next(p for p in sorted(Path(store.version_path("ct/windows", key)).rglob("*"))
+                 if p.is_file() and "/lung/c/" in str(p))  # fmt: skip
+    chunk.write_bytes(b"garbage" * 100)
+    result = build(resources, instance, "ct", key)
+    assert all(checks(result).values())
+    [mat] = [m for m in result.asset_materializations_for_node("ct_derived")
+             if m.asset_key == dg.AssetKey("ct_windows")]  # fmt: skip
+    assert mat.metadata["reused"].value is False
+    why = mat.metadata["why"].value
+    assert why.startswith("stored data does not read: ") and str(chunk) in why
+    np.testing.assert_array_equal(store.read_array("ct/windows", key, "lung"), before)

@@ -5,9 +5,9 @@ fingerprint inputs, how to produce its arrays, how to check them — and
 :func:`build_partition` does the rest the same way for all:
 
 1. the fingerprint from the contract (code version, declared settings, inputs);
-2. reuse when the committed partition has that fingerprint and its stored data still matches
-   its recorded checksums and passes the checks (stored data that does not is rebuilt:
-   corruption heals itself);
+2. reuse when the committed partition has that fingerprint and its stored data still reads,
+   matches its recorded checksums and passes the checks (stored data that does not is
+   rebuilt: corruption heals itself);
 3. otherwise produce, conform to the contract (names, dtypes, dims), check **before
    committing**, and commit the arrays with their provenance and check results — a
    partition that fails a blocking check is committed for inspection but never enters a
@@ -34,7 +34,7 @@ import numpy as np
 from zarrfeed.assets.events import PartitionRecorder, logged
 from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.batching import in_flight, per_run, worker_processes
-from zarrfeed.errors import ZarrfeedError
+from zarrfeed.errors import StoreError, ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
@@ -124,7 +124,11 @@ def build_partition(
     stale = stale_reason(record, fingerprint)
     why = "forced" if force else None
     if why is None and stale is None:
-        arrays = stored_arrays(store, spec, key)
+        try:
+            arrays = stored_arrays(store, spec, key)
+        except StoreError as exc:  # a chunk that no longer decodes: rebuilt like the rest
+            why, arrays = f"stored data does not read: {exc}", {}
+    if why is None and stale is None:
         with ThreadPoolExecutor(1, thread_name_prefix="checksum") as pool:
             altered = pool.submit(changed_arrays, record or {}, arrays)
             checks = conform_checks(spec, step.check(arrays))
