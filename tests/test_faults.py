@@ -108,6 +108,33 @@ def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_reso
     assert store.read_manifest("ct")["keys"] == ["valid_1_a_1"]
 
 
+def test_a_conflict_that_comes_back_refreshes_the_manifest_again(dagster_env):
+    """The same set of conflicting keys, resolved and then back: each change asks for a
+    manifest refresh with a run key of its own (the daemon drops a request whose run key
+    its sensor used before, and the manifest would keep the last state)."""
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    ct_discovery = sensor(resources, "ct_discovery")
+    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    (raw / "elsewhere").mkdir()
+    original = next(raw.rglob("valid_1_a_1.nii.gz"))
+    copy = raw / "elsewhere" / "valid_1_a_1.nii.gz"
+
+    def refresh_key() -> str:
+        result = ct_discovery(ctx)
+        ctx.update_cursor(result.cursor)  # what the daemon keeps between ticks
+        (request,) = [r for r in result.run_requests if r.job_name == CT.dataset_job]
+        return request.run_key
+
+    keys = []
+    for _ in range(2):
+        shutil.copy(original, copy)
+        keys.append(refresh_key())  # a conflict
+        copy.unlink()
+        keys.append(refresh_key())  # resolved
+    assert len(set(keys)) == 4, keys
+
+
 def test_a_spike_sequence_missing_a_dat_beside_a_stray_file_fails_naming_it(dagster_env):
     raw, resources, instance = dagster_env
     seq = raw / "gopro-spike/test/GOPR0384_11_00"

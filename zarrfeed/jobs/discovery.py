@@ -64,16 +64,22 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
             )
             requests = batched_requests(job.name, family, released, lambda k: index[k].stamp)
             conflicted = sorted(k for k, item in index.items() if item.conflict)
-            cursor = _digest(json.dumps(conflicted))  # the conflicts the manifest reflects
-            if cursor != (context.cursor or _digest("[]")):
+            # The cursor: the conflicts the manifest reflects, and how many changes of them
+            # there were (a set that comes back needs a run key of its own).
+            digest = _digest(json.dumps(conflicted))
+            before, _, seen = (context.cursor or _digest("[]")).partition(":")
+            changes_seen = int(seen or 0)
+            if digest != before:
+                changes_seen += 1
                 requests.append(
                     dg.RunRequest(
                         job_name=dataset_job.name,
                         asset_selection=[dataset],
-                        run_key=f"{family}:conflicts:{cursor}",
+                        run_key=f"{family}:conflicts:{digest}:{changes_seen}",
                         tags={"zarrfeed/reason": "conflicting raw items changed"},
                     )
                 )
+            cursor = f"{digest}:{changes_seen}"
             gone = sorted(k for k in known - set(index))
             events = [
                 dg.AssetObservation(
