@@ -11,6 +11,7 @@ partitions.
 import hashlib
 import json
 import logging
+import time
 
 import dagster as dg
 
@@ -62,7 +63,13 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
             released = BuildQueue(zarr_store.store().backend, family).release(
                 context.instance, dict(sorted(added.items())), [current, new], index
             )
-            requests = batched_requests(job.name, family, released, lambda k: index[k].stamp)
+            # A key leaves the queue when released, so each release is a request of its own:
+            # one that reused a run key (a key the nightly queued again after its run failed,
+            # a file restored with its old size and mtime) would be dropped by the daemon.
+            tick = str(time.time_ns())
+            requests = batched_requests(
+                job.name, family, released, lambda k: f"{index[k].stamp}\0{tick}"
+            )
             conflicted = sorted(k for k, item in index.items() if item.conflict)
             # The cursor: the conflicts the manifest reflects, and how many changes of them
             # there were (a set that comes back needs a run key of its own).
