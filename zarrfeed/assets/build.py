@@ -39,7 +39,7 @@ from zarrfeed.families.stages import Checks, Step
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_sha256
-from zarrfeed.store.contract import StoredAsset, stale_reason
+from zarrfeed.store.contract import UPSTREAM, StoredAsset, stale_reason
 from zarrfeed.workerpool import run_in_processes, start_problem, warm_up
 
 # Backfills run this many partitions per run, raw ingest included (every partitioned asset
@@ -162,6 +162,7 @@ def build_partition(
             spec.version,
             spec.settings_of(settings, key),
             fingerprint=fingerprint,
+            **({UPSTREAM: {u: step.inputs[u] for u in spec.upstream}} if spec.upstream else {}),
             **step.attrs,
         )
         with store.write_partition(spec.path, key, attrs) as w:
