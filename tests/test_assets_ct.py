@@ -166,3 +166,103 @@ def test_changes_make_exactly_the_affected_partitions_stale_and_the_nightly_rebu
         dg.materialize(raw_scan, partition_key=key, resources=runtime(resources), instance=instance)
         new = latest(instance, "ct_raw_scan", key).tags["dagster/data_version"]
         assert (new != old) == (key == "train_2_a_1")  # so only its ct_hu is stale in the UI
+
+
+@pytest.mark.slow
+def test_a_rebuilt_partition_refreshes_the_manifest_and_a_reused_one_does_not(dagster_env):
+    """A forced rebuild commits new versions with the same fingerprint and removes the ones
+    the manifest pins: the manifest's automation must see a new data version, or training
+    stays pinned to versions that are gone.  A rerun that reuses every partition must not."""
+    from graph import dataset_assets, materialize
+
+    from zarrfeed.resources import BuildOptions
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    dataset = [a for a in dataset_assets() if a.key.path == ["ct_dataset"]]
+    assert materialize(dataset, instance, resources=resources).success
+    defs = dg.Definitions(
+        assets=[*dataset, *family_assets("ct", resources)], resources=runtime(resources)
+    )
+    manifest_key = dg.AssetKey("ct_dataset")
+    tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+
+    assert build(resources, instance, "ct", key).success  # every partition reused
+    tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+    assert tick.get_num_requested(manifest_key) == 0
+
+    store = resources["zarr_store"].store()
+    before = store.commit_record("ct/windows", key)["version"]
+    forced = {**resources, "build": BuildOptions(force=True)}
+    assert build(forced, instance, "ct", key).success
+    assert store.commit_record("ct/windows", key)["version"] != before
+    tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+    assert tick.get_num_requested(manifest_key) == 1
+
+
+def test_every_setting_a_ct_stage_reads_makes_its_partitions_out_of_date():
+    """A setting a stage's build or its blocking checks read is part of its fingerprint and
+    code version: ``min_points`` decides which sparse partitions fail their check and so
+    which scans enter the dataset, and a changed threshold must reach the committed
+    partitions (the nightly rebuild, the UI's staleness)."""
+    from zarrfeed.families.ct import CT, CT_SPARSE
+
+    source = {"sha256": "0" * 64, "evidence": {}}
+    before = CT.values({})
+    after = CT.values({"min_points": before["min_points"] * 100})
+    assert CT_SPARSE.code_version(after) != CT_SPARSE.code_version(before)
+    old, new = CT.expected(before, "k", source), CT.expected(after, "k", source)
+    assert [name for name in old if old[name] != new[name]] == ["ct_sparse"]
+
+
+@pytest.mark.slow
+def test_stored_data_that_passes_its_checks_but_not_its_checksums_is_rebuilt(dagster_env):
+    """A chunk file lost behind the store's back reads as fill values, which can pass every
+    check (a window of zeros is inside [0, 1]): the checksums recorded at the build catch it
+    and the partition is rebuilt instead of reused."""
+    from pathlib import Path
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    store = resources["zarr_store"].store()
+    before = store.read_array("ct/windows", key, "lung")
+    chunk = next(p for p in sorted(Path(store.version_path("ct/windows", key)).rglob("*"))
+                 if p.is_file() and p.parent.name != "lung" and "/lung/c/" in str(p))  # fmt: skip
+    chunk.unlink()
+    assert not np.array_equal(store.read_array("ct/windows", key, "lung"), before)
+    result = build(resources, instance, "ct", key)
+    assert all(checks(result).values())
+    [mat] = [m for m in result.asset_materializations_for_node("ct_derived")
+             if m.asset_key == dg.AssetKey("ct_windows")]  # fmt: skip
+    assert mat.metadata["reused"].value is False
+    assert mat.metadata["why"].value == "stored data differs from its checksums"
+    np.testing.assert_array_equal(store.read_array("ct/windows", key, "lung"), before)
+
+
+@pytest.mark.slow
+def test_stored_data_that_no_longer_decodes_is_rebuilt(dagster_env):
+    """A chunk overwritten with garbage fails to decode: the partition is rebuilt from its
+    source, as one that fails its checks is, instead of failing every run until forced."""
+    from pathlib import Path
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    store = resources["zarr_store"].store()
+    before = store.read_array("ct/windows", key, "lung")
+    chunk = next(p for p in sorted(Path(store.version_path("ct/windows", key)).rglob("*"))
+                 if p.is_file() and "/lung/c/" in str(p))  # fmt: skip
+    chunk.write_bytes(b"garbage" * 100)
+    result = build(resources, instance, "ct", key)
+    assert all(checks(result).values())
+    [mat] = [m for m in result.asset_materializations_for_node("ct_derived")
+             if m.asset_key == dg.AssetKey("ct_windows")]  # fmt: skip
+    assert mat.metadata["reused"].value is False
+    why = mat.metadata["why"].value
+    assert why.startswith("stored data does not read: ") and str(chunk) in why
+    np.testing.assert_array_equal(store.read_array("ct/windows", key, "lung"), before)

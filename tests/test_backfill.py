@@ -103,7 +103,7 @@ def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alon
         assert m.tags[DATA_VERSION_TAG] == source_version(item, item.sha256)
     assert len({m.tags[DATA_VERSION_TAG] for m in by_asset[RAW]}) == len(good)
     # One materialisation per committed partition, with that partition's own data version
-    # (its fingerprint) and the data version of its own upstream partition.
+    # (its committed version) and the data version of its own upstream partition.
     for spec in [CT.raw, *CT.assets]:
         key = dg.AssetKey(spec.asset if spec is CT.raw else spec.name)
         own = {c.partition for c in result.get_asset_check_evaluations()
@@ -114,7 +114,7 @@ def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alon
         assert sorted(m.partition for m in events) == good, spec.name
         for m in events:
             record = store.commit_record(spec.path, m.partition)
-            assert m.tags[DATA_VERSION_TAG] == record["attrs"]["fingerprint"]
+            assert m.tags[DATA_VERSION_TAG] == record["version"]
             for up in CT.upstream_keys(spec):
                 latest = instance.get_latest_data_version_record(
                     dg.AssetKey(up), partition_key=m.partition

@@ -108,6 +108,66 @@ def test_a_new_file_colliding_with_a_committed_key_leaves_the_dataset_until_reso
     assert store.read_manifest("ct")["keys"] == ["valid_1_a_1"]
 
 
+def test_a_conflict_that_comes_back_refreshes_the_manifest_again(dagster_env):
+    """The same set of conflicting keys, resolved and then back: each change asks for a
+    manifest refresh with a run key of its own (the daemon drops a request whose run key
+    its sensor used before, and the manifest would keep the last state)."""
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    ct_discovery = sensor(resources, "ct_discovery")
+    ctx = dg.build_sensor_context(instance=instance, resources=resources)
+    (raw / "elsewhere").mkdir()
+    original = next(raw.rglob("valid_1_a_1.nii.gz"))
+    copy = raw / "elsewhere" / "valid_1_a_1.nii.gz"
+
+    def refresh_key() -> str:
+        result = ct_discovery(ctx)
+        ctx.update_cursor(result.cursor)  # what the daemon keeps between ticks
+        (request,) = [r for r in result.run_requests if r.job_name == CT.dataset_job]
+        return request.run_key
+
+    keys = []
+    for _ in range(2):
+        shutil.copy(original, copy)
+        keys.append(refresh_key())  # a conflict
+        copy.unlink()
+        keys.append(refresh_key())  # resolved
+    assert len(set(keys)) == 4, keys
+
+
+def test_a_sample_whose_stages_come_from_two_builds_stays_out_of_the_dataset(
+    dagster_env, monkeypatch
+):
+    """A changed scan whose HU volume and windows were rebuilt but whose later stages failed
+    keeps the patch index of the old volume: the manifest leaves the key out, naming the
+    stage to rebuild, until every stage is built from the same HU volume again."""
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_2_a_1"
+    assert build(resources, instance, "ct", key).success
+    store = resources["zarr_store"].store()
+    old_shape = store.commit_record("ct/windows", key)["arrays"]["lung"]["shape"]
+    chest = ct_phantom((24, 64, 64), (5.0, 5.4, 5.4), ("Lung nodule",), np.random.default_rng(1))
+    write_nifti(next(raw.rglob(f"{key}.nii.gz")), chest, (5.0, 5.4, 5.4))
+    discover(instance, resources, "ct")
+
+    def fails(*args, **kwargs):
+        raise MemoryError("the sparse stage ran out of memory")
+
+    monkeypatch.setattr("zarrfeed.families.ct.window_occupancy", fails)
+    assert not build(resources, instance, "ct", key, raise_on_error=False).success
+    assert store.commit_record("ct/windows", key)["arrays"]["lung"]["shape"] != old_shape
+    materialize([ct_dataset], instance, resources=resources, raise_on_error=False)
+    manifest = store.read_manifest("ct")
+    assert key not in manifest["keys"]
+    why = " ".join(manifest["failed"][key])
+    assert "ct_sparse" in why and "ct_patches" in why and "ct_windows" not in why
+    monkeypatch.undo()
+    assert build(resources, instance, "ct", key).success
+    assert materialize([ct_dataset], instance, resources=resources).success
+    assert key in store.read_manifest("ct")["keys"]
+
+
 def test_a_spike_sequence_missing_a_dat_beside_a_stray_file_fails_naming_it(dagster_env):
     raw, resources, instance = dagster_env
     seq = raw / "gopro-spike/test/GOPR0384_11_00"

@@ -153,6 +153,27 @@ def test_a_nightly_with_more_work_than_a_tick_queues_the_rest(dagster_env, monke
         assert list(requested(tick.run_requests, KEYS)) == [key]
 
 
+def test_a_partition_queued_again_is_released_under_a_new_run_key(dagster_env):
+    """A partition the nightly queues again (its run failed, and a backlog keeps the nightly
+    from releasing it itself) gets a run key never used before: the daemon drops a request
+    whose run key its sensor used, and the partition would leave the queue unbuilt."""
+    _, resources, instance = dagster_env
+    instance.add_dynamic_partitions("ct_scans", KEYS)
+    resources["zarr_store"].catalog("ct").update(
+        resources["raw"].origin, resources["raw"].scan(FAMILIES["ct"])
+    )
+    sensor = sensor_of(resources, "ct_discovery")
+    waiting = queue.BuildQueue(resources["zarr_store"].store().backend, "ct")
+    run_keys = []
+    for _ in range(2):
+        waiting.add({KEYS[1]: "ct_hu missing"})  # what the nightly queues, night after night
+        tick = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        (request,) = tick.run_requests
+        assert request.partition_key == KEYS[1]
+        run_keys.append(request.run_key)
+    assert run_keys[0] != run_keys[1]
+
+
 def test_a_tick_requests_a_bounded_number_of_runs_whatever_their_sizes(tmp_path, monkeypatch):
     """Non-adjacent keys are a run each: the bound counts runs, and the runs in flight."""
     monkeypatch.setattr(queue, "PER_TICK", 3)

@@ -5,8 +5,9 @@ fingerprint inputs, how to produce its arrays, how to check them — and
 :func:`build_partition` does the rest the same way for all:
 
 1. the fingerprint from the contract (code version, declared settings, inputs);
-2. reuse when the committed partition has that fingerprint and its stored data still passes
-   the checks (stored data that fails them is rebuilt: corruption heals itself);
+2. reuse when the committed partition has that fingerprint and its stored data still reads,
+   matches its recorded checksums and passes the checks (stored data that does not is
+   rebuilt: corruption heals itself);
 3. otherwise produce, conform to the contract (names, dtypes, dims), check **before
    committing**, and commit the arrays with their provenance and check results — a
    partition that fails a blocking check is committed for inspection but never enters a
@@ -33,12 +34,12 @@ import numpy as np
 from zarrfeed.assets.events import PartitionRecorder, logged
 from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.batching import in_flight, per_run, worker_processes
-from zarrfeed.errors import ZarrfeedError
+from zarrfeed.errors import StoreError, ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.store.checksums import ATTR, array_checksum
-from zarrfeed.store.contract import StoredAsset, stale_reason
+from zarrfeed.store.checksums import ATTR, array_checksum, recorded_checksums
+from zarrfeed.store.contract import UPSTREAM, StoredAsset, stale_reason
 from zarrfeed.workerpool import run_in_processes, start_problem, warm_up
 
 # Backfills run this many partitions per run, raw ingest included (every partitioned asset
@@ -65,7 +66,10 @@ def intended() -> Iterator[None]:
 
 @dataclass
 class Built:
-    """What building (or reusing) one partition reports."""
+    """What building (or reusing) one partition reports.  A stored partition's data version
+    is its committed version: reuse keeps it, and any new commit changes it — also a forced
+    or healing rebuild with an unchanged fingerprint, which replaces the version a dataset
+    manifest pins, so the manifest's automation must see it."""
 
     metadata: dict[str, Any]
     checks: Checks = field(default_factory=dict)
@@ -75,6 +79,14 @@ class Built:
 def stored_arrays(store: ZarrStore, spec: StoredAsset, key: str) -> dict[str, np.ndarray]:
     names = sorted(store.commit_record(spec.path, key)["arrays"])
     return {name: store.read_array(spec.path, key, name) for name in names}
+
+
+def changed_arrays(record: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """The arrays whose stored values differ from the checksums their commit recorded (a
+    lost chunk file reads as fill values, which may well pass the checks); arrays without a
+    recorded checksum are taken as they are."""
+    sums, checksum = recorded_checksums(record.get("attrs") or {})
+    return [n for n, d in arrays.items() if n in sums and checksum(d) != sums[n]]
 
 
 def conform_checks(spec: StoredAsset, checks: Checks) -> Checks:
@@ -112,13 +124,20 @@ def build_partition(
     stale = stale_reason(record, fingerprint)
     why = "forced" if force else None
     if why is None and stale is None:
-        arrays = stored_arrays(store, spec, key)
+        try:
+            arrays = stored_arrays(store, spec, key)
+        except StoreError as exc:  # a chunk that no longer decodes: rebuilt like the rest
+            why, arrays = f"stored data does not read: {exc}", {}
+    if why is None and stale is None:
         checks = conform_checks(spec, step.check(arrays))
         recorded = (record or {}).get("checks") or {}
-        if all(ok == recorded.get(n, True) for n, (ok, _) in checks.items()):
+        if any(ok != recorded.get(n, True) for n, (ok, _) in checks.items()):
+            why = "stored data failed its checks"
+        elif changed_arrays(record or {}, arrays):
+            why = "stored data differs from its checksums"
+        else:
             metadata = partition_metadata(store, spec.path, key, None, "unchanged inputs")
-            return Built({**metadata, **described(step, arrays)}, checks, fingerprint)
-        why = "stored data failed its checks"
+            return Built({**metadata, **described(step, arrays)}, checks, metadata["version"])
     why = why or ("first build" if record is None else stale)
     t0 = time.perf_counter()
     try:
@@ -137,6 +156,7 @@ def build_partition(
         spec.version,
         spec.settings_of(settings, key),
         fingerprint=fingerprint,
+        **({UPSTREAM: {u: step.inputs[u] for u in spec.upstream}} if spec.upstream else {}),
         **step.attrs,
     )
     attrs[ATTR] = {name: array_checksum(d) for name, d in arrays.items()}
@@ -147,7 +167,7 @@ def build_partition(
         w.checks = {n: ok for n, (ok, _) in checks.items()}
     seconds = time.perf_counter() - t0
     metadata = partition_metadata(store, spec.path, key, seconds, why)
-    return Built({**metadata, **described(step, arrays)}, checks, fingerprint)
+    return Built({**metadata, **described(step, arrays)}, checks, metadata["version"])
 
 
 def described(step: Step, arrays: dict[str, np.ndarray]) -> dict[str, Any]:

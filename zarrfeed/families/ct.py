@@ -131,7 +131,7 @@ CT_SPARSE = StoredAsset(
     description="uint16 (N, 3) coordinates of occupied cells per window: a voxel is occupied "
     "where its windowed value exceeds the threshold, on a sparse_grid³ grid (TRELLIS-style) "
     "or at full resolution.",
-    params=("windows", "sparse_threshold", "sparse_grid"),
+    params=("windows", "sparse_threshold", "sparse_grid", "min_points"),  # min_points: its check
     inputs=(CT_HU.name,),
     checks=(Check("min_points", "Every window has at least min_points occupied cells."), IN_BOUNDS),
 )

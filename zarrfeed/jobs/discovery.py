@@ -11,6 +11,7 @@ partitions.
 import hashlib
 import json
 import logging
+import time
 
 import dagster as dg
 
@@ -62,18 +63,30 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
             released = BuildQueue(zarr_store.store().backend, family).release(
                 context.instance, dict(sorted(added.items())), [current, new], index
             )
-            requests = batched_requests(job.name, family, released, lambda k: index[k].stamp)
+            # A key leaves the queue when released, so each release is a request of its own:
+            # one that reused a run key (a key the nightly queued again after its run failed,
+            # a file restored with its old size and mtime) would be dropped by the daemon.
+            tick = str(time.time_ns())
+            requests = batched_requests(
+                job.name, family, released, lambda k: f"{index[k].stamp}\0{tick}"
+            )
             conflicted = sorted(k for k, item in index.items() if item.conflict)
-            cursor = _digest(json.dumps(conflicted))  # the conflicts the manifest reflects
-            if cursor != (context.cursor or _digest("[]")):
+            # The cursor: the conflicts the manifest reflects, and how many changes of them
+            # there were (a set that comes back needs a run key of its own).
+            digest = _digest(json.dumps(conflicted))
+            before, _, seen = (context.cursor or _digest("[]")).partition(":")
+            changes_seen = int(seen or 0)
+            if digest != before:
+                changes_seen += 1
                 requests.append(
                     dg.RunRequest(
                         job_name=dataset_job.name,
                         asset_selection=[dataset],
-                        run_key=f"{family}:conflicts:{cursor}",
+                        run_key=f"{family}:conflicts:{digest}:{changes_seen}",
                         tags={"zarrfeed/reason": "conflicting raw items changed"},
                     )
                 )
+            cursor = f"{digest}:{changes_seen}"
             gone = sorted(k for k in known - set(index))
             events = [
                 dg.AssetObservation(

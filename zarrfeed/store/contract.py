@@ -26,6 +26,8 @@ from typing import Any
 from zarrfeed.store.codecs import Content, Read
 
 SOURCE = "source"  # the input name of the raw item (its content hash and evidence)
+# The partition attribute naming the fingerprint of each upstream partition it was built from.
+UPSTREAM = "upstream_fingerprints"
 
 
 @dataclass(frozen=True)
