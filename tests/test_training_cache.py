@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from zarrfeed.errors import ConfigError
+from zarrfeed.errors import ConfigError, StoreError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store import zarrstore as zarrstore_module
 from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
@@ -134,6 +134,27 @@ def test_two_stores_with_one_relative_name_never_share_entries(tmp_path, monkeyp
             ds = CTPatchDataset("data/zarrfeed.zarr", cache_gb=gb)
             ds.preload()
             np.testing.assert_array_equal(ds[3]["image"][0].numpy(), expected(ds, 3, offset))
+
+
+def test_patch_size_is_the_listed_versions_not_a_later_rebuilds(tmp_path, monkeypatch):
+    """The patch index of one scan is rebuilt at another patch size after the dataset was
+    built: the dataset's table holds the old origins, so the patch size is the listed
+    version's (formerly the new record's 48³ was cut at the 32³ origins, patches clipped to
+    odd sizes at volume edges); once that version is gone, opening fails naming it."""
+    store = build_ct(tmp_path / "store.zarr", n=2, shape=(64, 64, 64), per=4)
+    attrs = provenance("test", None, "1", patch_shape=[48] * 3)
+    with monkeypatch.context() as m:  # the replaced version stays (a failed clean-up)
+        m.setattr(ZarrStore, "remove_version", lambda self, folder: None)
+        with store.write_partition("ct/patches", "vol_0", attrs) as w:
+            w.write("origins", np.zeros((2, 3), np.uint16), read="rows")
+    ds = CTPatchDataset(store, cache_gb=0.1)
+    assert ds.patch_shape == (PATCH,) * 3
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(ds[i]["image"][0].numpy(), expected(ds, i))
+    listed = ds.manifest_assets["ct/patches"]["partitions"][0]["version"]
+    store.remove_version(f"{store.path('ct/patches', 'vol_0')}/{listed}")  # cleaned up later
+    with pytest.raises(StoreError, match="partition ct/patches/vol_0 is gone"):
+        CTPatchDataset(store, cache_gb=0.1)
 
 
 def _hammer(url: str, budget_gb: float, seed: int, seconds: float, ordered: bool) -> int:
