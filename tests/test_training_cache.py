@@ -379,6 +379,29 @@ def test_an_abandoned_pass_stops_its_prefetches_quietly(ct_store, monkeypatch, c
     it.close()
 
 
+@pytest.mark.parametrize("gb", [1.0, unit_budget_gb(16)], ids=["in-RAM", "out-of-core"])
+def test_epochs_of_prefetch_threads_leave_no_descriptors_behind(ct_store, gb):
+    """Each pass's prefetch thread opens the cache's lock file for its own locks; once that
+    thread has ended, the next thread to open one closes it (formerly one descriptor per
+    epoch stayed open for the life of the process)."""
+    ds = CTPatchDataset(ct_store, cache_gb=gb)
+    ds.cache.clear()  # in RAM: the prefetches decode, so they take the entries' locks
+    sampler = BlockSampler(ds, seed=1, block_bytes=4 * ds.cache.unit_bytes)
+    held = []
+    for epoch in range(8):
+        sampler.set_epoch(epoch)
+        for i in sampler:
+            ds[i]
+        for thread in threading.enumerate():
+            if thread.name.startswith("zarrfeed-prefetch"):
+                thread.join()
+        if ds.cache.in_ram:
+            ds.cache.clear()  # every pass decodes again
+        held.append(len((ds.cache.entries or ds.cache.arena)._fds))
+    # this thread's open and the last pass's thread's (closed by the next thread's open)
+    assert max(held) <= 2, held
+
+
 def test_make_loader_picks_the_block_sampler_beyond_ram_and_says_why(ct_store):
     lines: list[str] = []
     ds = CTPatchDataset(ct_store, cache_gb=unit_budget_gb(20))

@@ -127,8 +127,8 @@ class ChunkArena:
         self._hint: dict[Key, int] = {}
         self._views: dict[tuple[int, str, tuple[int, ...]], np.ndarray] = {}
         path = self.folder.path / "arena"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._tls.fd, self._fds = fd, [fd]
+        self._fds: dict[int, threading.Thread] = {}  # each thread's open of the arena file
+        fd = self._tls.fd = locks.open_for_thread(path, os.O_RDWR | os.O_CREAT, self._fds)
         locks.lock(fd, INDEX_LOCK)
         try:
             head = os.pread(fd, 8 * 5, 0)
@@ -179,15 +179,16 @@ class ChunkArena:
             self._mm.close()
         for fd in self._fds:
             os.close(fd)
-        self._fds, self._pid = [], -1
+        self._fds, self._pid = {}, -1
         self.folder.close()
 
     def _fd(self) -> int:
         """This thread's own open of the arena file (locks are per open, see locks.py)."""
         fd = getattr(self._tls, "fd", None)
         if fd is None:
-            fd = self._tls.fd = os.open(self.folder.path / "arena", os.O_RDWR)
-            self._fds.append(fd)
+            with attach_lock():
+                fd = locks.open_for_thread(self.folder.path / "arena", os.O_RDWR, self._fds)
+            self._tls.fd = fd
         return fd
 
     # the index --------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ class SharedArrayCache:
         self._row = -1
         self._epoch = 0
         self._tls = threading.local()
-        self._fds: list[int] = []
+        self._fds: dict[int, threading.Thread] = {}  # each thread's open of the locks file
         self._opened = False
         self._warned: set[str] = set()
 
@@ -130,8 +130,9 @@ class SharedArrayCache:
         """This thread's own open of the locks file (locks are per open, see locks.py)."""
         fd = getattr(self._tls, "fd", None)
         if fd is None:
-            fd = self._tls.fd = os.open(self.folder / "locks", os.O_RDWR | os.O_CREAT, 0o644)
-            self._fds.append(fd)
+            with attach_lock():
+                fd = locks.open_for_thread(self.folder / "locks", os.O_RDWR | os.O_CREAT, self._fds)
+            self._tls.fd = fd
         return fd
 
     # statistics ------------------------------------------------------------------------------
