@@ -4,6 +4,7 @@ values say where they come from."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import re
@@ -400,6 +401,31 @@ def test_epochs_of_prefetch_threads_leave_no_descriptors_behind(ct_store, gb):
         held.append(len((ds.cache.entries or ds.cache.arena)._fds))
     # this thread's open and the last pass's thread's (closed by the next thread's open)
     assert max(held) <= 2, held
+
+
+@pytest.mark.parametrize("gb", [1.0, unit_budget_gb(16)], ids=["in-RAM", "out-of-core"])
+def test_a_dropped_dataset_lets_go_of_its_cache(tmp_path, gb):
+    """A dataset dropped without closing its cache (the trainer drops its own) closes the
+    cache's descriptors and its hold on the cache folder, which a sweep may then remove;
+    formerly each one left two descriptors open and the folder in use, its shared memory
+    out of every sweep's reach, until the process ended."""
+    store = build_ct(tmp_path / "store.zarr")
+
+    def use_once() -> Path:
+        ds = CTPatchDataset(store, cache_gb=gb)
+        ds.__getitems__([0, 1, 2])
+        held = ds.cache.entries._dir if ds.cache.in_ram else ds.cache.arena.folder
+        return held.path
+
+    folder = use_once()  # what the first read sets up for good (the store's I/O loop)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(4):
+        assert use_once() == folder
+        gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+    owners = {c.name: c.owners for c in list_caches()}
+    assert os.getpid() not in owners[folder.name]
 
 
 def test_make_loader_picks_the_block_sampler_beyond_ram_and_says_why(ct_store):

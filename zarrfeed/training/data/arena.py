@@ -170,6 +170,13 @@ class ChunkArena:
             if self._pid == os.getpid():
                 self._detach()
 
+    def __del__(self) -> None:
+        # Dropped without close() (a dataset gone out of scope): its descriptors and mapping
+        # go, and its hold on the folder, which would keep any sweep from removing it.
+        with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
+            if self._pid == os.getpid():
+                self._detach()
+
     def _detach(self) -> None:
         for name in ("_head", "_stats", "_key_hi", "_key_lo", "_gen", "_used", "_table"):
             getattr(self, name).release()
