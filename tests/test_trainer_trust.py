@@ -5,6 +5,7 @@ CT-RATE classifier reports per-finding AUROC, and every run leaves TensorBoard e
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,6 +61,22 @@ def test_auroc_is_the_rank_statistic_with_ties_and_undefined_for_one_class():
     # one class only: undefined, never 0.5
     assert auroc(np.ones(5), np.arange(5.0)) is None
     assert auroc(np.array([np.nan, 0.0, 0.0]), np.arange(3.0)) is None
+
+
+def test_an_unreadable_checkpoint_is_named_and_read_only_to_resume(built, tmp_path):
+    """A damaged checkpoint (cut short by a copy) fails naming its file, where torch's own
+    error named none; with resume off it is not read at all (it used to fail all the same)
+    and its folder is skipped."""
+    out = tmp_path / "models"
+    damaged = out / "ct_classifier" / "last.pt"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"PK\x03\x04 the first bytes of a checkpoint")
+    with pytest.raises(ConfigError, match=f"{re.escape(str(damaged))}: not a readable checkpoint"):
+        train(config(built, out))
+    fresh = config(built, out)
+    fresh.resume = False
+    assert train(fresh).checkpoint == str(damaged.parent / "run-2/last.pt")
+    assert damaged.read_bytes() == b"PK\x03\x04 the first bytes of a checkpoint"
 
 
 def test_resume_only_its_own_run_otherwise_a_new_folder_and_the_old_one_untouched(built, tmp_path):

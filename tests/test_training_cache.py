@@ -4,6 +4,7 @@ values say where they come from."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import re
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from zarrfeed.errors import ConfigError
+from zarrfeed.errors import ConfigError, StoreError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store import zarrstore as zarrstore_module
 from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
@@ -134,6 +135,27 @@ def test_two_stores_with_one_relative_name_never_share_entries(tmp_path, monkeyp
             ds = CTPatchDataset("data/zarrfeed.zarr", cache_gb=gb)
             ds.preload()
             np.testing.assert_array_equal(ds[3]["image"][0].numpy(), expected(ds, 3, offset))
+
+
+def test_patch_size_is_the_listed_versions_not_a_later_rebuilds(tmp_path, monkeypatch):
+    """The patch index of one scan is rebuilt at another patch size after the dataset was
+    built: the dataset's table holds the old origins, so the patch size is the listed
+    version's (formerly the new record's 48³ was cut at the 32³ origins, patches clipped to
+    odd sizes at volume edges); once that version is gone, opening fails naming it."""
+    store = build_ct(tmp_path / "store.zarr", n=2, shape=(64, 64, 64), per=4)
+    attrs = provenance("test", None, "1", patch_shape=[48] * 3)
+    with monkeypatch.context() as m:  # the replaced version stays (a failed clean-up)
+        m.setattr(ZarrStore, "remove_version", lambda self, folder: None)
+        with store.write_partition("ct/patches", "vol_0", attrs) as w:
+            w.write("origins", np.zeros((2, 3), np.uint16), read="rows")
+    ds = CTPatchDataset(store, cache_gb=0.1)
+    assert ds.patch_shape == (PATCH,) * 3
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(ds[i]["image"][0].numpy(), expected(ds, i))
+    listed = ds.manifest_assets["ct/patches"]["partitions"][0]["version"]
+    store.remove_version(f"{store.path('ct/patches', 'vol_0')}/{listed}")  # cleaned up later
+    with pytest.raises(StoreError, match="partition ct/patches/vol_0 is gone"):
+        CTPatchDataset(store, cache_gb=0.1)
 
 
 def _hammer(url: str, budget_gb: float, seed: int, seconds: float, ordered: bool) -> int:
@@ -356,6 +378,54 @@ def test_an_abandoned_pass_stops_its_prefetches_quietly(ct_store, monkeypatch, c
     sampler._pool.submit(lambda: None).result()
     assert "prefetch of the next block failed: store closed" in caplog.text
     it.close()
+
+
+@pytest.mark.parametrize("gb", [1.0, unit_budget_gb(16)], ids=["in-RAM", "out-of-core"])
+def test_epochs_of_prefetch_threads_leave_no_descriptors_behind(ct_store, gb):
+    """Each pass's prefetch thread opens the cache's lock file for its own locks; once that
+    thread has ended, the next thread to open one closes it (formerly one descriptor per
+    epoch stayed open for the life of the process)."""
+    ds = CTPatchDataset(ct_store, cache_gb=gb)
+    ds.cache.clear()  # in RAM: the prefetches decode, so they take the entries' locks
+    sampler = BlockSampler(ds, seed=1, block_bytes=4 * ds.cache.unit_bytes)
+    held = []
+    for epoch in range(8):
+        sampler.set_epoch(epoch)
+        for i in sampler:
+            ds[i]
+        for thread in threading.enumerate():
+            if thread.name.startswith("zarrfeed-prefetch"):
+                thread.join()
+        if ds.cache.in_ram:
+            ds.cache.clear()  # every pass decodes again
+        held.append(len((ds.cache.entries or ds.cache.arena)._fds))
+    # this thread's open and the last pass's thread's (closed by the next thread's open)
+    assert max(held) <= 2, held
+
+
+@pytest.mark.parametrize("gb", [1.0, unit_budget_gb(16)], ids=["in-RAM", "out-of-core"])
+def test_a_dropped_dataset_lets_go_of_its_cache(tmp_path, gb):
+    """A dataset dropped without closing its cache (the trainer drops its own) closes the
+    cache's descriptors and its hold on the cache folder, which a sweep may then remove;
+    formerly each one left two descriptors open and the folder in use, its shared memory
+    out of every sweep's reach, until the process ended."""
+    store = build_ct(tmp_path / "store.zarr")
+
+    def use_once() -> Path:
+        ds = CTPatchDataset(store, cache_gb=gb)
+        ds.__getitems__([0, 1, 2])
+        held = ds.cache.entries._dir if ds.cache.in_ram else ds.cache.arena.folder
+        return held.path
+
+    folder = use_once()  # what the first read sets up for good (the store's I/O loop)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(4):
+        assert use_once() == folder
+        gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+    owners = {c.name: c.owners for c in list_caches()}
+    assert os.getpid() not in owners[folder.name]
 
 
 def test_make_loader_picks_the_block_sampler_beyond_ram_and_says_why(ct_store):

@@ -194,7 +194,7 @@ class SparseAutoencoder(Task):
             cache_gb=d.cache_gb,
             seed=self.config.seed,
         )
-        grid = ds.store.commit_record(ds.asset, ds.keys[0])["attrs"]["params"]["sparse_grid"]
+        grid = ds.pinned_attrs(ds.asset, [0])[0]["params"]["sparse_grid"]
         if not grid:
             raise StoreError(
                 f"sparse_autoencoder needs an occupancy grid: {ds.asset} of {ds.url} was built "
@@ -257,7 +257,7 @@ class SpikeDeblurring(Task):
             cache_gb=d.cache_gb,
             seed=self.config.seed,
         )
-        attrs = ds.store.commit_record(SPIKE_VOXELS.path, ds.keys[0])["attrs"]
+        attrs = ds.pinned_attrs(SPIKE_VOXELS.path, [0])[0]
         frames, bins = attrs["frames"], attrs["params"]["bins"]
         self.voxel_scale = float(math.ceil(frames / bins))  # max count per bin
         return ds

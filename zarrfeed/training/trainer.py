@@ -119,6 +119,20 @@ def data_fingerprint(dataset: Dataset) -> dict[str, Any]:
     }
 
 
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint, loaded with ``weights_only=True`` (tensors and plain values only); one
+    that cannot be read (cut short by a copy, or not a zarrfeed checkpoint) fails naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"{path}: not a readable checkpoint ({reason}); it is left untouched: restore it "
+            "to continue its run, or move it away (or set another run_name or out) to start "
+            "afresh"
+        ) from exc
+
+
 class TrainingStopped(Exception):
     """A signal stopped the run; the checkpoint, metrics and plots of ``step`` are written
     (unless it came before the first step).  The message is one line that says so."""
@@ -375,8 +389,11 @@ class Trainer:
             if not path.exists():
                 saved = None
                 break
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            differences = self._differences(saved, current) if c.resume else ["resume is off"]
+            if c.resume:
+                saved = read_checkpoint(path)
+                differences = self._differences(saved, current)
+            else:  # never continued: only its folder is skipped
+                saved, differences = None, ["resume is off"]
             if n == 1 and differences and c.resume and c.resume_anyway:
                 self.log(f"[{c.task}] resuming {path} anyway (resume_anyway), though it "
                          f"differs: {'; '.join(differences)}")  # fmt: skip

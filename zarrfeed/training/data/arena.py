@@ -127,8 +127,8 @@ class ChunkArena:
         self._hint: dict[Key, int] = {}
         self._views: dict[tuple[int, str, tuple[int, ...]], np.ndarray] = {}
         path = self.folder.path / "arena"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._tls.fd, self._fds = fd, [fd]
+        self._fds: dict[int, threading.Thread] = {}  # each thread's open of the arena file
+        fd = self._tls.fd = locks.open_for_thread(path, os.O_RDWR | os.O_CREAT, self._fds)
         locks.lock(fd, INDEX_LOCK)
         try:
             head = os.pread(fd, 8 * 5, 0)
@@ -170,6 +170,13 @@ class ChunkArena:
             if self._pid == os.getpid():
                 self._detach()
 
+    def __del__(self) -> None:
+        # Dropped without close() (a dataset gone out of scope): its descriptors and mapping
+        # go, and its hold on the folder, which would keep any sweep from removing it.
+        with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
+            if self._pid == os.getpid():
+                self._detach()
+
     def _detach(self) -> None:
         for name in ("_head", "_stats", "_key_hi", "_key_lo", "_gen", "_used", "_table"):
             getattr(self, name).release()
@@ -179,15 +186,16 @@ class ChunkArena:
             self._mm.close()
         for fd in self._fds:
             os.close(fd)
-        self._fds, self._pid = [], -1
+        self._fds, self._pid = {}, -1
         self.folder.close()
 
     def _fd(self) -> int:
         """This thread's own open of the arena file (locks are per open, see locks.py)."""
         fd = getattr(self._tls, "fd", None)
         if fd is None:
-            fd = self._tls.fd = os.open(self.folder.path / "arena", os.O_RDWR)
-            self._fds.append(fd)
+            with attach_lock():
+                fd = locks.open_for_thread(self.folder.path / "arena", os.O_RDWR, self._fds)
+            self._tls.fd = fd
         return fd
 
     # the index --------------------------------------------------------------------------------

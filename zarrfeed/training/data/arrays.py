@@ -99,7 +99,7 @@ class SharedArrayCache:
         self._row = -1
         self._epoch = 0
         self._tls = threading.local()
-        self._fds: list[int] = []
+        self._fds: dict[int, threading.Thread] = {}  # each thread's open of the locks file
         self._opened = False
         self._warned: set[str] = set()
 
@@ -126,12 +126,23 @@ class SharedArrayCache:
             self._dir.close()
             self._reset_local()
 
+    def __del__(self) -> None:
+        # Dropped without close() (a dataset gone out of scope): its descriptors go, and its
+        # hold on the folder, which would keep any sweep from removing it.
+        with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
+            if self._pid == os.getpid():
+                for fd in self._fds:
+                    os.close(fd)
+                self._fds = {}
+                self._dir.close()
+
     def _fd(self) -> int:
         """This thread's own open of the locks file (locks are per open, see locks.py)."""
         fd = getattr(self._tls, "fd", None)
         if fd is None:
-            fd = self._tls.fd = os.open(self.folder / "locks", os.O_RDWR | os.O_CREAT, 0o644)
-            self._fds.append(fd)
+            with attach_lock():
+                fd = locks.open_for_thread(self.folder / "locks", os.O_RDWR | os.O_CREAT, self._fds)
+            self._tls.fd = fd
         return fd
 
     # statistics ------------------------------------------------------------------------------

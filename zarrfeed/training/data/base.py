@@ -171,6 +171,25 @@ class StoreDataset(Dataset):
             )
         return found, attrs
 
+    def pinned_attrs(self, asset: str, items: Sequence[int]) -> list[dict[str, Any]]:
+        """Attributes of partitions ``items`` of ``asset`` at the versions the manifest lists.
+
+        The dataset's shapes, tables and cached bytes are those versions': a partition
+        rebuilt since (another patch size, grid or binning) would not match them.  Its
+        current commit record serves when it names the listed version; otherwise the listed
+        version is opened, and a version removed since fails naming the partition."""
+        partitions = self.manifest_assets[asset]["partitions"]
+        keys = [partitions[i]["key"] for i in items]
+        records = self.store.commit_records(asset, keys)
+        found = []
+        for i, key in zip(items, keys, strict=True):
+            record, version = records[key], partitions[i].get("version")
+            if record is not None and version in (None, record.get("version")):
+                found.append(record["attrs"])
+            else:
+                found.append(dict(self.store.open_partition(asset, key, version).attrs))
+        return found
+
     @cached_property
     def cache(self) -> CachedArrays:
         """The decoded arrays (in RAM when they fit ``cache_gb``, else chunk by chunk)."""

@@ -67,8 +67,8 @@ class CTPatchDataset(StoreDataset):
             table, _ = self.read_table(CT.dataset_path, PATCH_TABLE.name, ["offsets", "origins"])
             self.items = np.repeat(self.items, np.diff(table["offsets"]))
             self.origins = table["origins"]
-            record = self.store.commit_record(CT_PATCHES.path, self.keys[0])["attrs"]
-            self.patch_shape = tuple(record["patch_shape"])
+            attrs = self.pinned_attrs(CT_PATCHES.path, [0])[0]
+            self.patch_shape = tuple(attrs["patch_shape"])
             self.patch_sampler = make_patch_sampler(patch_sampler)
             self.patch_sampler.bind(self)
 

@@ -41,7 +41,7 @@ class ImagePatchDataset(StoreDataset):
         offsets = table["offsets"]
         self.sets = np.repeat(np.arange(len(self.keys), dtype=np.uint32), np.diff(offsets))
         self.images, self.origins = table["items"], table["origins"]
-        attrs = self.store.commit_record(IMAGE_PATCHES.path, self.keys[0])["attrs"]
+        attrs = self.pinned_attrs(IMAGE_PATCHES.path, [0])[0]
         self.patch_shape = tuple(attrs["patch_shape"])
 
     def cached_names(self) -> list[str]:

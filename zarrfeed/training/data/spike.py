@@ -51,9 +51,7 @@ class SpikeClipDataset(StoreDataset):
         self.voxel_partitions = self.manifest_assets[SPIKE_VOXELS.path]["partitions"]
         self.voxel_shapes = [tuple(p["arrays"]["voxels"]["shape"]) for p in self.voxel_partitions]
         if voxels == "realtime":
-            self.sources_raw = [
-                self.store.commit_record(SPIKE_VOXELS.path, k)["attrs"] for k in self.keys
-            ]
+            self.sources_raw = self.pinned_attrs(SPIKE_VOXELS.path, range(len(self.keys)))
 
     def cached_names(self) -> list[str]:
         return ["blur", "sharp"]
