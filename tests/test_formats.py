@@ -554,3 +554,19 @@ def test_sample_sources_of_every_kind_decide_their_hu(tmp_path):
                        "scaled_1": "nifti_header"}  # fmt: skip
     padded = read_ct(found.items["src_dicom_patient_1_CT"])
     assert padded.padding is not None and np.all(padded.data[padded.padding] == -3024)
+
+
+def test_tiff_channels_come_last_and_stacks_are_refused(tmp_path):
+    """A planar (one plane per channel) RGB TIFF is (H, W, 3) like an interleaved one; a
+    multi-page stack is no 2-D image and fails naming the file instead of becoming a
+    (pages, H, W) "image" with W channels."""
+    import tifffile
+
+    rgb = np.random.default_rng(0).integers(0, 255, (20, 30, 3), dtype=np.uint8)
+    planar = tmp_path / "planar.tif"
+    tifffile.imwrite(planar, np.moveaxis(rgb, -1, 0), photometric="rgb", planarconfig="separate")
+    np.testing.assert_array_equal(read_image(planar), rgb)
+    stack = tmp_path / "stack.tif"
+    tifffile.imwrite(stack, np.stack([rgb] * 4), photometric="rgb")
+    with pytest.raises(InputError, match=r"stack\.tif.*one 2-D image.*\(4, 20, 30, 3\)"):
+        read_image(stack)

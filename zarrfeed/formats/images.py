@@ -30,17 +30,31 @@ def _require_pixels(path: Path, pixels: int, shape: tuple[int, ...]) -> None:
 
 
 def _read_tiff(path: Path) -> np.ndarray:
+    """The first series as (H, W) or (H, W, C): a planar TIFF (one plane per channel, axes
+    ``SYX``) has its channels moved last; more than one page or plane of anything else (a
+    stack, a time series) is refused, not read as an image with pages for rows."""
     with tifffile.TiffFile(path) as tif:
         series = tif.series[0]
-        shape, dtype = tuple(series.shape), np.dtype(series.dtype)
-        pixels = math.prod(n for n, a in zip(shape, series.axes, strict=True) if a != "S")
+        shape, dtype, axes = tuple(series.shape), np.dtype(series.dtype), series.axes
+        pixels = math.prod(n for n, a in zip(shape, axes, strict=True) if a != "S")
         _require_pixels(path, pixels, shape)
+        # Axes of length 1 (one page, one sample) say nothing; what is left must be Y, X and
+        # at most one channel axis (S: samples of a pixel, C: channels of an ImageJ file).
+        kept = [(n, a) for n, a in zip(shape, axes, strict=True) if n > 1 or a in "YX"]
+        channels = [a for _, a in kept if a in "SC"]
+        if {a for _, a in kept} - set("YXSC") or len(channels) > 1 or "YX" not in axes:
+            raise InputError(
+                path, "one 2-D image (axes Y, X and samples)", f"axes {axes} of shape {shape}"
+            )
         if all(page.compression == 1 for page in series.pages):
             require_bytes(
                 path, claimed_bytes(shape, dtype.itemsize), path.stat().st_size,
                 f"an uncompressed {shape} {dtype} image",
             )  # fmt: skip
-        return series.asarray()
+        image = series.asarray().reshape([n for n, _ in kept])
+    order = [a for _, a in kept]
+    source = [order.index(a) for a in "YX" + "".join(channels)]
+    return np.ascontiguousarray(np.moveaxis(image, source, range(len(order))))
 
 
 def read_image(path: str | Path) -> np.ndarray:
