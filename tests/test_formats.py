@@ -570,3 +570,27 @@ def test_tiff_channels_come_last_and_stacks_are_refused(tmp_path):
     tifffile.imwrite(stack, np.stack([rgb] * 4), photometric="rgb")
     with pytest.raises(InputError, match=r"stack\.tif.*one 2-D image.*\(4, 20, 30, 3\)"):
         read_image(stack)
+
+
+def test_palette_and_bilevel_pngs_read_as_their_colours(tmp_path):
+    """A palette PNG holds colour indices, a bilevel one bits: both come back as the pixels
+    they show (RGB, grey, uint8), never as indices taken for grey levels or as booleans."""
+    from PIL import Image
+
+    rgb = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    indexed = Image.fromarray(rgb).quantize(8)
+    indexed.save(tmp_path / "p.png")
+    np.testing.assert_array_equal(
+        read_image(tmp_path / "p.png"), np.asarray(indexed.convert("RGB"))
+    )
+    levels = np.array([0, 40, 90, 255], dtype=np.uint8)
+    indices = rgb[..., 0] % 4
+    grey = Image.fromarray(indices, "P")
+    grey.putpalette(np.repeat(levels, 3).tolist())  # grey levels as a palette
+    grey.save(tmp_path / "grey_p.png")
+    assert Image.open(tmp_path / "grey_p.png").mode == "P"
+    np.testing.assert_array_equal(read_image(tmp_path / "grey_p.png"), levels[indices])
+    Image.fromarray(rgb[..., 0] > 128).save(tmp_path / "b.png")
+    got = read_image(tmp_path / "b.png")
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, np.where(rgb[..., 0] > 128, 255, 0))

@@ -57,8 +57,20 @@ def _read_tiff(path: Path) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(image, source, range(len(order))))
 
 
+def _shown(im: Image.Image) -> Image.Image:
+    """The pixels an image shows: a palette image's colours (grey when every palette entry
+    is grey, with alpha when it has transparency), a bilevel image as 0/255 grey."""
+    if im.mode in ("P", "PA"):
+        alpha = im.mode == "PA" or "transparency" in im.info
+        colours = np.asarray(im.getpalette("RGB") or [], dtype=np.uint8).reshape(-1, 3)
+        grey = bool((colours == colours[:, :1]).all())
+        return im.convert(("LA" if alpha else "L") if grey else ("RGBA" if alpha else "RGB"))
+    return im.convert("L") if im.mode == "1" else im
+
+
 def read_image(path: str | Path) -> np.ndarray:
-    """(H, W) or (H, W, C) array with the file's own dtype."""
+    """(H, W) or (H, W, C) array with the file's own dtype (:func:`_shown`: the colours of a
+    palette image, not its indices)."""
     path = Path(path)
     try:
         if path.suffix.lower() in TIFF_SUFFIXES:
@@ -68,7 +80,7 @@ def read_image(path: str | Path) -> np.ndarray:
         with Image.open(path) as im:
             width, height = im.size
             _require_pixels(path, width * height, (height, width))
-            return np.asarray(im)
+            return np.asarray(_shown(im))
     except InputError:
         raise
     except Image.DecompressionBombError as exc:
