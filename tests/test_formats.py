@@ -594,3 +594,21 @@ def test_palette_and_bilevel_pngs_read_as_their_colours(tmp_path):
     got = read_image(tmp_path / "b.png")
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, np.where(rgb[..., 0] > 128, 255, 0))
+
+
+def test_ct_rate_tables_saved_with_a_byte_order_mark_are_read(tmp_path):
+    """Spreadsheet programs save "CSV UTF-8" with a byte order mark before the first column
+    name: the tables are still found by their VolumeName column, and their text is UTF-8
+    whatever the locale."""
+    from zarrfeed.formats import discover
+
+    def table(name: str, header: str, row: str) -> None:
+        (tmp_path / name).write_bytes(f"\ufeff{header}\n{row}\n".encode())
+
+    table("train_metadata.csv", "VolumeName,RescaleSlope,RescaleIntercept", "a_1.nii.gz,1,-1024")
+    table("train_labels.csv", "VolumeName,Emphysema", "a_1.nii.gz,1")
+    table("train_reports.csv", "VolumeName,Findings_EN,Impressions_EN", "a_1.nii.gz,5 mm °,None")
+    rows = discover.read_ct_rate_metadata(tmp_path)
+    assert rows["a_1"]["RescaleIntercept"] == "-1024"
+    assert discover.read_ct_rate_labels(tmp_path) == (["Emphysema"], {"a_1": [1]})
+    assert discover.read_ct_rate_reports(tmp_path) == {"a_1": "5 mm °\n\nNone"}

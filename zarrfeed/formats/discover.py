@@ -289,8 +289,10 @@ def read_ct_rate_metadata(
     root: str | Path, tree: Tree | None = None, skipped: dict[str, str] | None = None
 ) -> dict[str, dict[str, str]]:
     """VolumeName stem → CT-RATE metadata row, from every ``*metadata*.csv`` under ``root``
-    (found in ``tree``, :func:`walk_tree`'s, when the caller has it).  A CSV that cannot be
-    read raises :class:`InputError`, or, given ``skipped``, is recorded there and left out."""
+    (found in ``tree``, :func:`walk_tree`'s, when the caller has it).  The CT-RATE tables are
+    read as UTF-8, with or without the byte order mark spreadsheet programs write.  A CSV that
+    cannot be read raises :class:`InputError`, or, given ``skipped``, is recorded there and
+    left out."""
     tree = walk_tree(root) if tree is None else tree
     rows: dict[str, dict[str, str]] = {}
     for folder, names in tree.items():
@@ -316,7 +318,7 @@ def _metadata_rows(csv_path: Path) -> dict[str, dict[str, str]]:
     if csv_path in _PARSED and _PARSED[csv_path][0] == stamp:
         return _PARSED[csv_path][1]
     rows = {}
-    with open(csv_path, newline="") as f:
+    with open(csv_path, newline="", encoding="utf-8-sig") as f:
         # csv.reader and zip, not DictReader: a third of the time for a 50,000-row CSV.
         reader = csv.reader(f)
         header = next(reader, None)
@@ -338,7 +340,7 @@ def read_ct_rate_labels(root: str | Path) -> tuple[list[str], dict[str, list[int
     names: list[str] = []
     rows: dict[str, list[int]] = {}
     for csv_path in sorted(Path(root).rglob("*labels*.csv")):
-        with open(csv_path, newline="") as f:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c for c in reader.fieldnames or [] if c != "VolumeName"]
             if not reader.fieldnames or "VolumeName" not in reader.fieldnames or not columns:
@@ -362,7 +364,7 @@ def read_ct_rate_reports(root: str | Path) -> dict[str, str]:
     (CT-CLIP reads these two columns; "Not given." is kept as written)."""
     reports: dict[str, str] = {}
     for csv_path in sorted(Path(root).rglob("*reports*.csv")):
-        with open(csv_path, newline="") as f:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             if not reader.fieldnames or "VolumeName" not in reader.fieldnames:
                 raise InputError(
