@@ -4,6 +4,7 @@ reader allocate more than the file could hold (measured with tracemalloc)."""
 
 import gzip
 import json
+import re
 import shutil
 import tracemalloc
 import warnings
@@ -307,3 +308,24 @@ def test_a_good_file_next_to_bad_ones_still_reads(tmp_path):
     assert read_dicom_series(tmp_path / "ok_series").shape == (5, 16, 16)
     with_sidecar(tmp_path, "ok.npy", ARR, SPACING)
     assert read_array_volume(tmp_path / "ok.npy").spacing == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("entry", "size", "message"),
+    [
+        ('{"layout": "bits", "frames": 10}', "8, 8", r"layout 'bits'.*'packed' or 'bytes'"),
+        ('{"layout": "packed", "frames": 10}', "5, 5", r"5×5.*divisible by 8"),
+        ('{"layout": "bytes", "frames": 0}', "8, 8", r"frames.*at least 1"),
+    ],
+)
+def test_spike_config_layouts_are_checked_where_written(tmp_path, entry, size, message):
+    """A layout no reader knows, packed frames that are no whole number of bytes or no
+    frames at all fail discovery naming dataset.json, not each sequence's build later."""
+    (tmp_path / "d" / "seq" / "spike").mkdir(parents=True)
+    height, width = size.split(", ")
+    config = f'{{"height": {height}, "width": {width}, "layouts": {{"spike": {entry}}}}}'
+    (tmp_path / "d" / "dataset.json").write_text(config)
+    found = discover_spike_sequences(tmp_path)
+    assert not found.items
+    assert list(found.skipped) == [str(tmp_path / "d" / "dataset.json")]
+    assert re.search(message, found.skipped[str(tmp_path / "d" / "dataset.json")])

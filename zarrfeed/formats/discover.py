@@ -431,10 +431,19 @@ class SpikeSequence:
 def _spike_config(path: Path) -> dict:
     try:
         facts = json.loads(path.read_text())
-        if min(int(facts["height"]), int(facts["width"])) < 1:
+        height, width = int(facts["height"]), int(facts["width"])
+        if min(height, width) < 1:
             raise ValueError("height and width must be at least 1")
-        for entry in facts["layouts"].values():
-            entry["layout"], int(entry["frames"])
+        for folder, entry in facts["layouts"].items():
+            layout, frames = entry["layout"], int(entry["frames"])
+            if layout not in ("packed", "bytes"):
+                raise ValueError(f"{folder}: layout {layout!r}, expected 'packed' or 'bytes'")
+            if frames < 1:
+                raise ValueError(f"{folder}: frames must be at least 1, got {frames}")
+            if layout == "packed" and height * width % 8:
+                raise ValueError(
+                    f"{folder}: packed {height}×{width} frames need H·W divisible by 8"
+                )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             path,
