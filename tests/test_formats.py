@@ -612,3 +612,18 @@ def test_ct_rate_tables_saved_with_a_byte_order_mark_are_read(tmp_path):
     assert rows["a_1"]["RescaleIntercept"] == "-1024"
     assert discover.read_ct_rate_labels(tmp_path) == (["Emphysema"], {"a_1": [1]})
     assert discover.read_ct_rate_reports(tmp_path) == {"a_1": "5 mm °\n\nNone"}
+
+
+def test_deflated_series_reads_like_its_plain_slices(tmp_path):
+    """Deflated Explicit VR Little Endian compresses the whole data set, pixel data
+    included: its files are smaller than the pixels they hold, and the pixels decode
+    through the inflated data set."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    def deflate(i, ds):
+        ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+
+    files = copy_series(CT5N, tmp_path / "s", deflate)
+    assert pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID.is_deflated
+    got = read_dicom_series(tmp_path / "s")
+    np.testing.assert_array_equal(got.data, read_dicom_series(CT5N).data)

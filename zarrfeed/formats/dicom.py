@@ -86,7 +86,9 @@ def _check_pixels(path: Path, ds: Dataset) -> None:
     needed, size = rows * cols * bits // 8, path.stat().st_size
     what = f"{rows}×{cols} pixels of {bits} bits"
     syntax = ds.file_meta.get("TransferSyntaxUID")
-    if syntax is not None and syntax.is_encapsulated:
+    if syntax is not None and (syntax.is_encapsulated or syntax.is_deflated):
+        # Deflated: the whole data set is compressed, and the deferred element's offset
+        # and length are those in the inflated stream, not in the file.
         limit = max(MAX_INFLATE_RATIO * size, MIN_COMPRESSED_ALLOWANCE)
         require_bytes(path, needed, limit, f"{what} (decoded from a {size}-byte file)")
         return
@@ -252,7 +254,7 @@ def read_dicom_series(
     for out_i, in_i in enumerate(order):
         f, ds = slices[in_i]
         try:
-            pixels = pixel_array(f)
+            pixels = _decode(f, ds)
         except Exception as exc:  # missing decoder plugins, corrupt pixel data, …
             raise InputError(f, "decodable pixel data", f"{type(exc).__name__}: {exc}") from exc
         if pixels.shape != (rows, cols):
@@ -292,6 +294,15 @@ def read_dicom_series(
             "files": [str(slices[i][0]) for i in order],
         },
     )
+
+
+def _decode(path: Path, ds: Dataset) -> np.ndarray:
+    """The stored pixel values of one slice.  ``pixel_array`` reads them from the file, but
+    finds none in a deflated one: that slice is read whole, inflated, and decoded from it."""
+    syntax = ds.file_meta.get("TransferSyntaxUID")
+    if syntax is not None and syntax.is_deflated:
+        return pydicom.dcmread(path).pixel_array
+    return pixel_array(path)
 
 
 def _padding(ds: Dataset, pixels: np.ndarray) -> np.ndarray | None:
