@@ -318,20 +318,24 @@ def to_hu(
     stored = np.asarray(stored)
     out = np.empty(stored.shape, dtype=np.float32)
     # Block by block, the minima taken on the way: one pass through memory instead of four
-    # over a full-size float32 volume (the cast, the rescale, the two sentinel minima).
-    flat_in, flat_out = stored.reshape(-1), out.reshape(-1)  # a copy only if not contiguous
+    # over a full-size float32 volume (the cast, the rescale, the two sentinel minima).  The
+    # blocks are taken from one slab (index along the first axis) at a time: readers hand
+    # over reoriented views, which a flat reshape of the whole volume would copy whole.
+    slabs, out_slabs = (stored, out) if stored.ndim > 1 else (stored[None], out[None])
     slope, intercept = np.float32(rescale.slope), np.float32(rescale.intercept)
     lowest = np.inf
-    for start in range(0, flat_out.size, _HU_BLOCK):
-        block = flat_out[start : start + _HU_BLOCK]
-        block[...] = flat_in[start : start + _HU_BLOCK]
-        if rescale.slope != 1:
-            block *= slope
-        if rescale.intercept != 0:
-            block += intercept
-        # fmin ignores NaN: a NaN beside a sentinel in one block must not hide the sentinel.
-        stored_min = float(np.fmin.reduce(flat_in[start : start + _HU_BLOCK]))
-        lowest = min(lowest, stored_min, float(np.fmin.reduce(block)))
+    for slab, out_slab in zip(slabs, out_slabs, strict=True):
+        flat_in, flat_out = np.ascontiguousarray(slab).reshape(-1), out_slab.reshape(-1)
+        for start in range(0, flat_out.size, _HU_BLOCK):
+            block = flat_out[start : start + _HU_BLOCK]
+            block[...] = flat_in[start : start + _HU_BLOCK]
+            if rescale.slope != 1:
+                block *= slope
+            if rescale.intercept != 0:
+                block += intercept
+            # fmin ignores NaN: a NaN beside a sentinel in one block must not hide it.
+            stored_min = float(np.fmin.reduce(flat_in[start : start + _HU_BLOCK]))
+            lowest = min(lowest, stored_min, float(np.fmin.reduce(block)))
     if padding is not None or lowest <= max(SENTINELS):
         outside = outside_mask(stored, out, padding)
         if outside is not None:
