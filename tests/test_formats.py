@@ -627,3 +627,33 @@ def test_deflated_series_reads_like_its_plain_slices(tmp_path):
     assert pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID.is_deflated
     got = read_dicom_series(tmp_path / "s")
     np.testing.assert_array_equal(got.data, read_dicom_series(CT5N).data)
+
+
+def test_scouts_and_dose_screens_beside_a_series_are_no_items(tmp_path):
+    """CT exports put the scout (ImageType LOCALIZER, a projection in another orientation)
+    and a dose screen (a Secondary Capture) beside the axial slices, in series of their own
+    or in the slices' series: neither becomes an item, changes the series' key, or breaks
+    the series."""
+    folder = tmp_path / "p1" / "CT"
+    slices = write_dicom_series(folder, np.zeros((3, 4, 4), np.int16), (2, 1, 1))
+    for i, (name, series) in enumerate((("scout_own", "1.2.3.1"), ("scout_same", None))):
+        scout = pydicom.dcmread(slices[0])
+        scout.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+        scout.ImageOrientationPatient = [1, 0, 0, 0, 0, -1]
+        scout.SOPInstanceUID = scout.file_meta.MediaStorageSOPInstanceUID = f"1.2.3.4.{i}"
+        scout.SeriesInstanceUID = series or scout.SeriesInstanceUID
+        scout.save_as(folder / name, enforce_file_format=True)
+    screen = pydicom.dcmread(slices[0])
+    screen.file_meta.MediaStorageSOPClassUID = screen.SOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    screen.SeriesInstanceUID = "1.2.3.999"
+    screen.SamplesPerPixel, screen.PhotometricInterpretation = 3, "RGB"
+    screen.BitsAllocated, screen.BitsStored, screen.HighBit = 8, 8, 7
+    screen.PlanarConfiguration, screen.PixelRepresentation = 0, 0
+    screen.PixelData = bytes(4 * 4 * 3)
+    screen.save_as(folder / "dose_screen", enforce_file_format=True)
+    found = discover_ct(tmp_path)
+    assert list(found.items) == ["p1_CT"] and not found.collisions
+    assert sorted(found.items["p1_CT"].files) == sorted(slices)
+    assert read_ct(found.items["p1_CT"]).shape == (3, 4, 4)
+    uid = pydicom.dcmread(slices[0]).SeriesInstanceUID
+    assert read_dicom_series(folder, series_uid=uid).shape == (3, 4, 4)  # the scout skipped

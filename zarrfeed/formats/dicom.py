@@ -52,7 +52,8 @@ def _files(source: str | Path | Iterable[str | Path]) -> tuple[list[Path], bool]
 
 
 def _header(path: Path, explicit: bool) -> Dataset | None:
-    """The header with pixel data deferred; None for a non-image file found in a folder."""
+    """The header with pixel data deferred; None for a file found in a folder that is no
+    slice (not an image, a scout, a dose screen: :func:`not_a_slice`)."""
     try:
         ds = pydicom.dcmread(path, defer_size=DEFER_BYTES)
     except InvalidDicomError as exc:
@@ -65,7 +66,7 @@ def _header(path: Path, explicit: bool) -> Dataset | None:
         if explicit:
             raise InputError(path, "a DICOM image", "no PixelData element")
         return None
-    return ds
+    return None if not explicit and not_a_slice(ds) else ds
 
 
 def _check_pixels(path: Path, ds: Dataset) -> None:
@@ -324,10 +325,23 @@ DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
 _SERIES_UID = 0x0020000E
 _DICOMDIR_CLASS = "1.2.840.10008.1.3.10"
 # Storage classes that are no CT slice but sit beside series: structured reports (dose
-# reports), presentation states, documents, raw data and registrations, waveforms, RT.
+# reports), presentation states, documents, raw data and registrations, waveforms, RT,
+# secondary captures (dose screens; 7 and its multi-frame 7.x, and visible light 77.x).
 _NOT_SLICES = tuple(f"1.2.840.10008.5.1.4.1.1.{c}" for c in
-                    ("88.", "11.", "104.", "66", "9.", "481."))  # fmt: skip
+                    ("88.", "11.", "104.", "66", "9.", "481.", "7"))  # fmt: skip
 NOT_A_SLICE = "-"  # no UID is "-": UIDs are digits and dots
+
+
+def not_a_slice(ds: Dataset) -> bool:
+    """Whether ``ds`` is no slice of a CT volume: a DICOMDIR, an object of a storage class
+    in ``_NOT_SLICES``, or a scout (ImageType LOCALIZER: a projection image, in another
+    orientation than the slices, often in their series)."""
+    sop_class = str(ds.file_meta.get("MediaStorageSOPClassUID") or ds.get("SOPClassUID") or "")
+    if sop_class == _DICOMDIR_CLASS or sop_class.startswith(_NOT_SLICES):
+        return True
+    image_type = ds.get("ImageType") or []
+    image_type = [image_type] if isinstance(image_type, str) else image_type
+    return "LOCALIZER" in (str(v).strip().upper() for v in image_type)
 
 
 def looks_like_dicom(path: Path) -> bool:
@@ -353,8 +367,7 @@ def _series_uid(path: str, size: int, mtime_ns: int) -> str | None:
         return ""
     except Exception:  # truncated or corrupt: the series reader names the problem
         return None
-    sop_class = str(ds.file_meta.get("MediaStorageSOPClassUID") or ds.get("SOPClassUID") or "")
-    if sop_class == _DICOMDIR_CLASS or sop_class.startswith(_NOT_SLICES):
+    if not_a_slice(ds):
         return NOT_A_SLICE
     return str(ds.get("SeriesInstanceUID") or "") or None
 
