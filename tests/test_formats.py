@@ -657,3 +657,20 @@ def test_scouts_and_dose_screens_beside_a_series_are_no_items(tmp_path):
     assert read_ct(found.items["p1_CT"]).shape == (3, 4, 4)
     uid = pydicom.dcmread(slices[0]).SeriesInstanceUID
     assert read_dicom_series(folder, series_uid=uid).shape == (3, 4, 4)  # the scout skipped
+
+
+def test_upper_case_suffixes_are_found_and_read(tmp_path):
+    """Files from systems that write names in capitals (``CT.NII.GZ``, ``VOL.NPZ``) are CT
+    items like their lower-case twins, read by the reader of their kind."""
+    hu = chest((5.0, 0.7, 0.7))[:4]
+    write_nifti(tmp_path / "gz.nii.gz", hu, (5.0, 0.7, 0.7))
+    (tmp_path / "gz.nii.gz").rename(tmp_path / "SCAN_A.NII.GZ")
+    write_nifti(tmp_path / "plain.nii", hu, (5.0, 0.7, 0.7))
+    (tmp_path / "plain.nii").rename(tmp_path / "SCAN_B.Nii")
+    with open(tmp_path / "VOL.NPZ", "wb") as f:  # a path would get ".npz" appended
+        np.savez(f, volume=hu, spacing_zyx_mm=np.array([5.0, 0.7, 0.7]))
+    found = discover_ct(tmp_path)
+    kinds = {key: item.kind for key, item in found.items.items()}
+    assert kinds == {"SCAN_A": "nifti", "SCAN_B": "nifti", "VOL": "npz"}
+    for item in found.items.values():
+        np.testing.assert_array_equal(read_ct(item).data, hu)

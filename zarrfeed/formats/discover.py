@@ -52,10 +52,10 @@ T = TypeVar("T")
 
 
 def ct_stem(path: PurePath | str) -> str:
-    """The file name without its CT suffix (``.nii.gz`` is one suffix)."""
+    """The file name without its CT suffix (``.nii.gz`` is one suffix, in any case)."""
     name = path.name if isinstance(path, PurePath) else path.rsplit("/", 1)[-1]
     for suffix in CT_SUFFIXES:
-        if name.endswith(suffix):
+        if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return PurePosixPath(name).stem
 
@@ -267,17 +267,17 @@ _FOUND: dict[Path, tuple[list[str], list, list[Path]]] = {}
 
 
 def _ct_files(folder: Path, names: list[str], spike_roots: list[Path]) -> list:
-    """The NIfTI and ``.npy``/``.npz`` items of one folder (arrays in spike datasets are
-    not CT)."""
+    """The NIfTI and ``.npy``/``.npz`` items of one folder, their suffixes in any case
+    (``CT.NII.GZ``); arrays in spike datasets are not CT."""
     found = []
     present = set(names)
     for name in names:
-        path = folder / name
-        if name.endswith(CT_SUFFIXES):
+        path, lower = folder / name, name.lower()
+        if lower.endswith(CT_SUFFIXES):
             key = _key(ct_stem(path), path)
             found.append((key, path, CTItem(key, "nifti", path)))
-        elif name.endswith(ARRAY_SUFFIXES) and _under(folder, spike_roots) is None:
-            stem, kind = name[:-4], name[-3:]
+        elif lower.endswith(ARRAY_SUFFIXES) and _under(folder, spike_roots) is None:
+            stem, kind = name[:-4], lower[-3:]
             sidecar = f"{stem}.json"
             files = (path, folder / sidecar) if sidecar in present else ()
             key = _key(stem, path)
