@@ -39,6 +39,23 @@ def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
     }
 
 
+def test_a_link_whose_target_appears_is_found_in_a_settled_folder(tmp_path, monkeypatch):
+    """A link into storage that is not mounted yet dangles; when its target appears, the
+    folder holding the link does not change (its mtime neither): a folder with broken
+    entries is listed again on every walk, not kept as it was."""
+    monkeypatch.setattr(discover, "_SETTLED_NS", 0)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.nii.gz").symlink_to(tmp_path / "store" / "a.nii.gz")
+    first = discover.walk_tree(tmp_path / "raw")
+    assert first[tmp_path / "raw"] == [] and list(first.skipped) == [
+        str(tmp_path / "raw" / "a.nii.gz")
+    ]
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.nii.gz").touch()
+    second = discover.walk_tree(tmp_path / "raw")
+    assert second[tmp_path / "raw"] == ["a.nii.gz"] and not second.skipped
+
+
 def test_the_walk_lists_folders_in_path_order_without_a_global_sort(tmp_path):
     """Depth first over sorted subfolders is path order by components: ``a``, then all of
     ``a/…``, then ``a-b`` (a plain string sort would put ``a-b`` before ``a/x``)."""

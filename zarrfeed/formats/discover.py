@@ -126,9 +126,10 @@ def walk_tree(root: str | Path) -> Tree:
     A discovery sensor walks the same 50,000-file tree every tick, so a folder whose mtime
     (which changes when an entry is added, removed or renamed) is what the last walk in this
     process saw is not listed again — one ``stat`` instead of a scan — unless it changed
-    too recently for its mtime to be trusted; its names come back as the very same list, so
-    finders may reuse what they derived from it (:func:`discover_ct`).  Paths stay strings
-    until the end: pathlib's parsing and comparisons cost more than the scan at this size.
+    too recently for its mtime to be trusted or held broken entries; its names come back as
+    the very same list, so finders may reuse what they derived from it (:func:`discover_ct`).
+    Paths stay strings until the end: pathlib's parsing and comparisons cost more than the
+    scan at this size.
     """
     global _LISTINGS
     seen: dict[str, _Listing] = {}
@@ -145,7 +146,14 @@ def walk_tree(root: str | Path) -> Tree:
             skipped[folder] = f"cannot stat the folder: {exc.strerror or exc}"
             continue
         listing = _LISTINGS.get(folder)
-        if listing is None or listing.mtime != mtime or now - mtime <= _SETTLED_NS:
+        # A folder with broken entries is listed again: a dangling link mends (its target
+        # appears, a mount comes back) without changing the folder's mtime.
+        if (
+            listing is None
+            or listing.mtime != mtime
+            or listing.skipped
+            or now - mtime <= _SETTLED_NS
+        ):
             listing = _Listing(mtime, *_list(folder), Path(folder))
         seen[folder] = listing
         skipped.update(listing.skipped)
