@@ -119,9 +119,9 @@ _SETTLED_NS = 2_000_000_000  # a folder changed less than this ago may change ag
 
 def walk_tree(root: str | Path) -> Tree:
     """Folder → sorted file names of every folder under ``root``, in path order.  Hidden
-    entries and symlinked folders are skipped (no cycles); a missing root is an empty tree.
-    Broken entries (a symlink loop, a dangling link, a folder that cannot be listed) are
-    left out and listed in the result's ``skipped``.
+    entries are skipped, and symlinked folders are not followed (no cycles); a missing root
+    is an empty tree.  Broken entries (a symlink loop, a dangling link, a folder that cannot
+    be listed) and symlinked folders are left out and listed in the result's ``skipped``.
 
     A discovery sensor walks the same 50,000-file tree every tick, so a folder whose mtime
     (which changes when an entry is added, removed or renamed) is what the last walk in this
@@ -166,9 +166,9 @@ def walk_tree(root: str | Path) -> Tree:
 
 def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
     """(sorted subfolders, sorted file names, skipped entries) of one folder, hidden ones
-    and symlinked folders left out.  Subfolders share their parent's path, so sorting them
-    as strings sorts them by name, and a depth-first walk that takes them in this order
-    visits the tree in path order without sorting it whole."""
+    left out and symlinked folders reported as skipped.  Subfolders share their parent's
+    path, so sorting them as strings sorts them by name, and a depth-first walk that takes
+    them in this order visits the tree in path order without sorting it whole."""
     folders, names, skipped = [], [], {}
     try:
         with os.scandir(folder) as entries:
@@ -182,6 +182,12 @@ def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
                         names.append(entry.name)
                     elif entry.is_symlink() and not os.path.exists(entry.path):
                         skipped[entry.path] = f"a dangling link to {os.readlink(entry.path)}"
+                    elif entry.is_symlink() and entry.is_dir():
+                        target = os.readlink(entry.path)
+                        skipped[entry.path] = (
+                            f"a link to a folder ({target}), not followed: links could form a "
+                            "cycle; point the raw folder at the data itself"
+                        )
                 except OSError as exc:  # a symlink loop, an entry that vanished or refuses
                     skipped[entry.path] = exc.strerror or str(exc)
     except FileNotFoundError:
