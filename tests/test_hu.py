@@ -231,6 +231,25 @@ def test_to_hu_of_a_reoriented_volume_allocates_only_its_output():
     assert peak < out.nbytes * 1.25, f"{peak} bytes for a {out.nbytes}-byte output"
 
 
+def test_to_hu_finds_sentinels_without_volume_sized_masks():
+    """Out-of-field sentinels (here -3024 around a GE-like field of view) are found block by
+    block: no full-size masks per sentinel value on top of the output."""
+    import tracemalloc
+
+    stored = np.full((40, 128, 128), 40, dtype=np.int16)
+    stored[:, :16] = -3024
+    stored[:, -16:] = -2000
+    tracemalloc.start()
+    try:
+        out = hu.to_hu(stored, Rescale(1.0, 0.0))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    want = np.where(stored < -1024, hu.AIR_FILL, stored).astype(np.float32)
+    assert np.array_equal(out, want)
+    assert peak < out.nbytes * 1.25, f"{peak} bytes for a {out.nbytes}-byte output"
+
+
 def test_a_nan_beside_a_sentinel_in_one_block_does_not_hide_it():
     """A float volume with NaN and a -3024 sentinel in the same block: the sentinel is still
     air (a block's plain minimum is NaN there, which would skip the sentinel search)."""
