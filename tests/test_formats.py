@@ -674,3 +674,19 @@ def test_upper_case_suffixes_are_found_and_read(tmp_path):
     assert kinds == {"SCAN_A": "nifti", "SCAN_B": "nifti", "VOL": "npz"}
     for item in found.items.values():
         np.testing.assert_array_equal(read_ct(item).data, hu)
+
+
+@pytest.mark.parametrize(
+    ("row", "found"),
+    [("b_1.nii.gz,1", r"b_1\.nii\.gz: no value for B"), ("b_1.nii.gz,1,0.7", r"B = '0\.7'"),
+     ("b_1.nii.gz,-1,0", r"A = '-1'")],
+)  # fmt: skip
+def test_label_rows_hold_a_0_or_1_in_every_column(tmp_path, row, found):
+    """A short row, a probability or an "uncertain" -1 is no 0/1 label: the label CSV fails
+    naming itself and the scan, instead of a TypeError, a probability truncated to 0, or a
+    -1 that the uint8 label table cannot hold."""
+    from zarrfeed.formats import discover
+
+    (tmp_path / "train_labels.csv").write_text(f"VolumeName,A,B\na_1.nii.gz,1,0\n{row}\n")
+    with pytest.raises(InputError, match=rf"train_labels\.csv.*0/1 labels.*{found}"):
+        discover.read_ct_rate_labels(tmp_path)

@@ -366,11 +366,25 @@ def read_ct_rate_labels(root: str | Path) -> tuple[list[str], dict[str, list[int
                 )
             names = columns
             for row in reader:
-                try:
-                    rows[ct_stem(Path(row["VolumeName"]))] = [int(float(row[c])) for c in names]
-                except ValueError as exc:
-                    raise InputError(csv_path, "0/1 labels", f"{row['VolumeName']}: {exc}") from exc
+                rows[ct_stem(Path(row["VolumeName"]))] = _label_row(csv_path, row, names)
     return names, rows
+
+
+def _label_row(csv_path: Path, row: dict[str, str | None], names: list[str]) -> list[int]:
+    """A row's labels, each 0 or 1 (``1.0`` and ``0.0`` too): a probability or an
+    "uncertain" -1 is no label, and a short row no row."""
+    values = []
+    for name in names:
+        text = row.get(name)
+        try:
+            value = float(text) if text is not None else None
+        except ValueError:
+            value = None
+        if value not in (0.0, 1.0):
+            found = f"no value for {name}" if text is None else f"{name} = {text!r}"
+            raise InputError(csv_path, "0/1 labels", f"{row['VolumeName']}: {found}")
+        values.append(int(value))
+    return values
 
 
 def read_ct_rate_reports(root: str | Path) -> dict[str, str]:
