@@ -329,3 +329,20 @@ def test_spike_config_layouts_are_checked_where_written(tmp_path, entry, size, m
     assert not found.items
     assert list(found.skipped) == [str(tmp_path / "d" / "dataset.json")]
     assert re.search(message, found.skipped[str(tmp_path / "d" / "dataset.json")])
+
+
+def test_a_malformed_metadata_row_skips_its_scan_not_the_discovery(tmp_path):
+    """One CT-RATE metadata row with a rescale that is no number (or slope 0, or NaN) leaves
+    its scan out, reported with the row's values, and every other scan is still found with
+    its own CSV claim."""
+    from zarrfeed.sources.raw import scan_ct
+
+    for name in ("x_1", "y_1"):
+        write_nifti(tmp_path / f"{name}.nii.gz", np.zeros((4, 5, 6), np.int16), (1.0, 1.0, 1.0))
+    (tmp_path / "train_metadata.csv").write_text(
+        "VolumeName,RescaleSlope,RescaleIntercept\nx_1.nii.gz,nan,-1024\ny_1.nii.gz,1,-1024\n"
+    )
+    scan = scan_ct(tmp_path)
+    assert list(scan) == ["y_1"] and scan["y_1"].evidence == {"csv": [1.0, -1024.0]}
+    why = scan.skipped[str(tmp_path / "x_1.nii.gz")]
+    assert "RescaleSlope" in why and "'nan'" in why and "x_1.nii.gz" in why
