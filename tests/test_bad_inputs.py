@@ -241,6 +241,9 @@ CASES = [
      lambda p: read_dat(p, 40, 80), r"a whole number of 400-byte frames.*1000 bytes"),
     ("dat empty", lambda t: (t / "s.dat").write_bytes(b"") or t / "s.dat",
      lambda p: read_dat(p, 40, 80), r"found 0 bytes"),
+    # a byte per pixel holding 0/255 (an image dump): counts of 255 would wrap in uint8 bins
+    ("dat bytes not 0/1", lambda t: (t / "b.dat").write_bytes(b"\0\xff" * 3200) and t / "b.dat",
+     lambda p: read_dat(p, 40, 80, "bytes", 2), r"b\.dat: expected spikes of 0 or 1.*255"),
     ("png cut short", lambda t: _png_cut(t), read_image, r"a PNG, JPEG or TIFF image"),
     ("png empty", lambda t: (t / "e.png").write_bytes(b"") or t / "e.png", read_image,
      r"a PNG, JPEG or TIFF image"),
