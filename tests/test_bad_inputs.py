@@ -4,6 +4,7 @@ reader allocate more than the file could hold (measured with tracemalloc)."""
 
 import gzip
 import json
+import re
 import shutil
 import tracemalloc
 import warnings
@@ -240,6 +241,9 @@ CASES = [
      lambda p: read_dat(p, 40, 80), r"a whole number of 400-byte frames.*1000 bytes"),
     ("dat empty", lambda t: (t / "s.dat").write_bytes(b"") or t / "s.dat",
      lambda p: read_dat(p, 40, 80), r"found 0 bytes"),
+    # a byte per pixel holding 0/255 (an image dump): counts of 255 would wrap in uint8 bins
+    ("dat bytes not 0/1", lambda t: (t / "b.dat").write_bytes(b"\0\xff" * 3200) and t / "b.dat",
+     lambda p: read_dat(p, 40, 80, "bytes", 2), r"b\.dat: expected spikes of 0 or 1.*255"),
     ("png cut short", lambda t: _png_cut(t), read_image, r"a PNG, JPEG or TIFF image"),
     ("png empty", lambda t: (t / "e.png").write_bytes(b"") or t / "e.png", read_image,
      r"a PNG, JPEG or TIFF image"),
@@ -307,3 +311,41 @@ def test_a_good_file_next_to_bad_ones_still_reads(tmp_path):
     assert read_dicom_series(tmp_path / "ok_series").shape == (5, 16, 16)
     with_sidecar(tmp_path, "ok.npy", ARR, SPACING)
     assert read_array_volume(tmp_path / "ok.npy").spacing == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("entry", "size", "message"),
+    [
+        ('{"layout": "bits", "frames": 10}', "8, 8", r"layout 'bits'.*'packed' or 'bytes'"),
+        ('{"layout": "packed", "frames": 10}', "5, 5", r"5×5.*divisible by 8"),
+        ('{"layout": "bytes", "frames": 0}', "8, 8", r"frames.*at least 1"),
+    ],
+)
+def test_spike_config_layouts_are_checked_where_written(tmp_path, entry, size, message):
+    """A layout no reader knows, packed frames that are no whole number of bytes or no
+    frames at all fail discovery naming dataset.json, not each sequence's build later."""
+    (tmp_path / "d" / "seq" / "spike").mkdir(parents=True)
+    height, width = size.split(", ")
+    config = f'{{"height": {height}, "width": {width}, "layouts": {{"spike": {entry}}}}}'
+    (tmp_path / "d" / "dataset.json").write_text(config)
+    found = discover_spike_sequences(tmp_path)
+    assert not found.items
+    assert list(found.skipped) == [str(tmp_path / "d" / "dataset.json")]
+    assert re.search(message, found.skipped[str(tmp_path / "d" / "dataset.json")])
+
+
+def test_a_malformed_metadata_row_skips_its_scan_not_the_discovery(tmp_path):
+    """One CT-RATE metadata row with a rescale that is no number (or slope 0, or NaN) leaves
+    its scan out, reported with the row's values, and every other scan is still found with
+    its own CSV claim."""
+    from zarrfeed.sources.raw import scan_ct
+
+    for name in ("x_1", "y_1"):
+        write_nifti(tmp_path / f"{name}.nii.gz", np.zeros((4, 5, 6), np.int16), (1.0, 1.0, 1.0))
+    (tmp_path / "train_metadata.csv").write_text(
+        "VolumeName,RescaleSlope,RescaleIntercept\nx_1.nii.gz,nan,-1024\ny_1.nii.gz,1,-1024\n"
+    )
+    scan = scan_ct(tmp_path)
+    assert list(scan) == ["y_1"] and scan["y_1"].evidence == {"csv": [1.0, -1024.0]}
+    why = scan.skipped[str(tmp_path / "x_1.nii.gz")]
+    assert "RescaleSlope" in why and "'nan'" in why and "x_1.nii.gz" in why

@@ -554,3 +554,139 @@ def test_sample_sources_of_every_kind_decide_their_hu(tmp_path):
                        "scaled_1": "nifti_header"}  # fmt: skip
     padded = read_ct(found.items["src_dicom_patient_1_CT"])
     assert padded.padding is not None and np.all(padded.data[padded.padding] == -3024)
+
+
+def test_tiff_channels_come_last_and_stacks_are_refused(tmp_path):
+    """A planar (one plane per channel) RGB TIFF is (H, W, 3) like an interleaved one; a
+    multi-page stack is no 2-D image and fails naming the file instead of becoming a
+    (pages, H, W) "image" with W channels."""
+    import tifffile
+
+    rgb = np.random.default_rng(0).integers(0, 255, (20, 30, 3), dtype=np.uint8)
+    planar = tmp_path / "planar.tif"
+    tifffile.imwrite(planar, np.moveaxis(rgb, -1, 0), photometric="rgb", planarconfig="separate")
+    np.testing.assert_array_equal(read_image(planar), rgb)
+    stack = tmp_path / "stack.tif"
+    tifffile.imwrite(stack, np.stack([rgb] * 4), photometric="rgb")
+    with pytest.raises(InputError, match=r"stack\.tif.*one 2-D image.*\(4, 20, 30, 3\)"):
+        read_image(stack)
+
+
+def test_palette_and_bilevel_pngs_read_as_their_colours(tmp_path):
+    """A palette PNG holds colour indices, a bilevel one bits: both come back as the pixels
+    they show (RGB, grey, uint8), never as indices taken for grey levels or as booleans."""
+    from PIL import Image
+
+    rgb = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    indexed = Image.fromarray(rgb).quantize(8)
+    indexed.save(tmp_path / "p.png")
+    np.testing.assert_array_equal(
+        read_image(tmp_path / "p.png"), np.asarray(indexed.convert("RGB"))
+    )
+    levels = np.array([0, 40, 90, 255], dtype=np.uint8)
+    indices = rgb[..., 0] % 4
+    grey = Image.fromarray(indices, "P")
+    grey.putpalette(np.repeat(levels, 3).tolist())  # grey levels as a palette
+    grey.save(tmp_path / "grey_p.png")
+    assert Image.open(tmp_path / "grey_p.png").mode == "P"
+    np.testing.assert_array_equal(read_image(tmp_path / "grey_p.png"), levels[indices])
+    Image.fromarray(rgb[..., 0] > 128).save(tmp_path / "b.png")
+    got = read_image(tmp_path / "b.png")
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, np.where(rgb[..., 0] > 128, 255, 0))
+
+
+def test_ct_rate_tables_saved_with_a_byte_order_mark_are_read(tmp_path):
+    """Spreadsheet programs save "CSV UTF-8" with a byte order mark before the first column
+    name: the tables are still found by their VolumeName column, and their text is UTF-8
+    whatever the locale."""
+    from zarrfeed.formats import discover
+
+    def table(name: str, header: str, row: str) -> None:
+        (tmp_path / name).write_bytes(f"\ufeff{header}\n{row}\n".encode())
+
+    table("train_metadata.csv", "VolumeName,RescaleSlope,RescaleIntercept", "a_1.nii.gz,1,-1024")
+    table("train_labels.csv", "VolumeName,Emphysema", "a_1.nii.gz,1")
+    table("train_reports.csv", "VolumeName,Findings_EN,Impressions_EN", "a_1.nii.gz,5 mm °,None")
+    rows = discover.read_ct_rate_metadata(tmp_path)
+    assert rows["a_1"]["RescaleIntercept"] == "-1024"
+    assert discover.read_ct_rate_labels(tmp_path) == (["Emphysema"], {"a_1": [1]})
+    assert discover.read_ct_rate_reports(tmp_path) == {"a_1": "5 mm °\n\nNone"}
+
+
+def test_deflated_series_reads_like_its_plain_slices(tmp_path):
+    """Deflated Explicit VR Little Endian compresses the whole data set, pixel data
+    included: its files are smaller than the pixels they hold, and the pixels decode
+    through the inflated data set."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    def deflate(i, ds):
+        ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+
+    files = copy_series(CT5N, tmp_path / "s", deflate)
+    assert pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID.is_deflated
+    got = read_dicom_series(tmp_path / "s")
+    np.testing.assert_array_equal(got.data, read_dicom_series(CT5N).data)
+
+
+def test_scouts_and_dose_screens_beside_a_series_are_no_items(tmp_path):
+    """CT exports put the scout (ImageType LOCALIZER, a projection in another orientation)
+    and a dose screen (a Secondary Capture) beside the axial slices, in series of their own
+    or in the slices' series: neither becomes an item, changes the series' key, or breaks
+    the series."""
+    folder = tmp_path / "p1" / "CT"
+    slices = write_dicom_series(folder, np.zeros((3, 4, 4), np.int16), (2, 1, 1))
+    for i, (name, series) in enumerate((("scout_own", "1.2.3.1"), ("scout_same", None))):
+        scout = pydicom.dcmread(slices[0])
+        scout.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+        scout.ImageOrientationPatient = [1, 0, 0, 0, 0, -1]
+        scout.SOPInstanceUID = scout.file_meta.MediaStorageSOPInstanceUID = f"1.2.3.4.{i}"
+        scout.SeriesInstanceUID = series or scout.SeriesInstanceUID
+        scout.save_as(folder / name, enforce_file_format=True)
+    screen = pydicom.dcmread(slices[0])
+    screen.file_meta.MediaStorageSOPClassUID = screen.SOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    screen.SeriesInstanceUID = "1.2.3.999"
+    screen.SamplesPerPixel, screen.PhotometricInterpretation = 3, "RGB"
+    screen.BitsAllocated, screen.BitsStored, screen.HighBit = 8, 8, 7
+    screen.PlanarConfiguration, screen.PixelRepresentation = 0, 0
+    screen.PixelData = bytes(4 * 4 * 3)
+    screen.save_as(folder / "dose_screen", enforce_file_format=True)
+    found = discover_ct(tmp_path)
+    assert list(found.items) == ["p1_CT"] and not found.collisions
+    assert sorted(found.items["p1_CT"].files) == sorted(slices)
+    assert read_ct(found.items["p1_CT"]).shape == (3, 4, 4)
+    uid = pydicom.dcmread(slices[0]).SeriesInstanceUID
+    assert read_dicom_series(folder, series_uid=uid).shape == (3, 4, 4)  # the scout skipped
+
+
+def test_upper_case_suffixes_are_found_and_read(tmp_path):
+    """Files from systems that write names in capitals (``CT.NII.GZ``, ``VOL.NPZ``) are CT
+    items like their lower-case twins, read by the reader of their kind."""
+    hu = chest((5.0, 0.7, 0.7))[:4]
+    write_nifti(tmp_path / "gz.nii.gz", hu, (5.0, 0.7, 0.7))
+    (tmp_path / "gz.nii.gz").rename(tmp_path / "SCAN_A.NII.GZ")
+    write_nifti(tmp_path / "plain.nii", hu, (5.0, 0.7, 0.7))
+    (tmp_path / "plain.nii").rename(tmp_path / "SCAN_B.Nii")
+    with open(tmp_path / "VOL.NPZ", "wb") as f:  # a path would get ".npz" appended
+        np.savez(f, volume=hu, spacing_zyx_mm=np.array([5.0, 0.7, 0.7]))
+    found = discover_ct(tmp_path)
+    kinds = {key: item.kind for key, item in found.items.items()}
+    assert kinds == {"SCAN_A": "nifti", "SCAN_B": "nifti", "VOL": "npz"}
+    for item in found.items.values():
+        np.testing.assert_array_equal(read_ct(item).data, hu)
+
+
+@pytest.mark.parametrize(
+    ("row", "found"),
+    [("b_1.nii.gz,1", r"b_1\.nii\.gz: no value for B"), ("b_1.nii.gz,1,0.7", r"B = '0\.7'"),
+     ("b_1.nii.gz,-1,0", r"A = '-1'")],
+)  # fmt: skip
+def test_label_rows_hold_a_0_or_1_in_every_column(tmp_path, row, found):
+    """A short row, a probability or an "uncertain" -1 is no 0/1 label: the label CSV fails
+    naming itself and the scan, instead of a TypeError, a probability truncated to 0, or a
+    -1 that the uint8 label table cannot hold."""
+    from zarrfeed.formats import discover
+
+    (tmp_path / "train_labels.csv").write_text(f"VolumeName,A,B\na_1.nii.gz,1,0\n{row}\n")
+    with pytest.raises(InputError, match=rf"train_labels\.csv.*0/1 labels.*{found}"):
+        discover.read_ct_rate_labels(tmp_path)

@@ -212,6 +212,44 @@ def test_to_hu_is_the_float32_rescale_with_sentinels_as_air_in_any_block(order):
     assert np.array_equal(hu.to_hu(clean, RAW), clean.astype(np.float32) - 1024)
 
 
+def test_to_hu_of_a_reoriented_volume_allocates_only_its_output():
+    """Readers hand over views brought to RAS (a DICOM series or an LPS NIfTI: rows and
+    columns reversed), which no flat reshape can see without a copy: the conversion reads
+    them slab by slab instead of copying the whole stored volume first."""
+    import tracemalloc
+
+    rng = np.random.default_rng(2)
+    volume = rng.uniform(-1000, 1000, (40, 128, 128)).astype(np.float32)
+    view = volume[:, ::-1, ::-1]
+    tracemalloc.start()
+    try:
+        out = hu.to_hu(view, Rescale(0.5, -24.0))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(out, view * np.float32(0.5) + np.float32(-24.0))
+    assert peak < out.nbytes * 1.25, f"{peak} bytes for a {out.nbytes}-byte output"
+
+
+def test_to_hu_finds_sentinels_without_volume_sized_masks():
+    """Out-of-field sentinels (here -3024 around a GE-like field of view) are found block by
+    block: no full-size masks per sentinel value on top of the output."""
+    import tracemalloc
+
+    stored = np.full((40, 128, 128), 40, dtype=np.int16)
+    stored[:, :16] = -3024
+    stored[:, -16:] = -2000
+    tracemalloc.start()
+    try:
+        out = hu.to_hu(stored, Rescale(1.0, 0.0))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    want = np.where(stored < -1024, hu.AIR_FILL, stored).astype(np.float32)
+    assert np.array_equal(out, want)
+    assert peak < out.nbytes * 1.25, f"{peak} bytes for a {out.nbytes}-byte output"
+
+
 def test_a_nan_beside_a_sentinel_in_one_block_does_not_hide_it():
     """A float volume with NaN and a -3024 sentinel in the same block: the sentinel is still
     air (a block's plain minimum is NaN there, which would skip the sentinel search)."""

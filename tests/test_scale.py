@@ -39,6 +39,36 @@ def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
     }
 
 
+def test_a_link_whose_target_appears_is_found_in_a_settled_folder(tmp_path, monkeypatch):
+    """A link into storage that is not mounted yet dangles; when its target appears, the
+    folder holding the link does not change (its mtime neither): a folder with broken
+    entries is listed again on every walk, not kept as it was."""
+    monkeypatch.setattr(discover, "_SETTLED_NS", 0)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.nii.gz").symlink_to(tmp_path / "store" / "a.nii.gz")
+    first = discover.walk_tree(tmp_path / "raw")
+    assert first[tmp_path / "raw"] == [] and list(first.skipped) == [
+        str(tmp_path / "raw" / "a.nii.gz")
+    ]
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.nii.gz").touch()
+    second = discover.walk_tree(tmp_path / "raw")
+    assert second[tmp_path / "raw"] == ["a.nii.gz"] and not second.skipped
+
+
+def test_a_linked_folder_is_reported_not_dropped_silently(tmp_path):
+    """Links to folders are not followed (they could form a cycle), but a raw tree made of
+    links to where the data lies must not look empty without a word."""
+    (tmp_path / "data" / "ct").mkdir(parents=True)
+    (tmp_path / "data" / "ct" / "a.nii.gz").touch()
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "ct").symlink_to(tmp_path / "data" / "ct")
+    tree = discover.walk_tree(tmp_path / "raw")
+    assert list(tree) == [tmp_path / "raw"]
+    why = tree.skipped[str(tmp_path / "raw" / "ct")]
+    assert "link to a folder" in why and str(tmp_path / "data" / "ct") in why
+
+
 def test_the_walk_lists_folders_in_path_order_without_a_global_sort(tmp_path):
     """Depth first over sorted subfolders is path order by components: ``a``, then all of
     ``a/…``, then ``a-b`` (a plain string sort would put ``a-b`` before ``a/x``)."""

@@ -101,6 +101,16 @@ def test_ct_clip_is_a_setting_of_the_graph_hu_geometry_and_window():
     np.testing.assert_allclose(2 * window[inside] - 1, clip[inside].astype(np.float32), atol=2e-3)
 
 
+@pytest.mark.parametrize("preset", [ct.HU_ISOTROPIC, ct.CT_CLIP], ids=lambda p: p.name)
+def test_preprocess_leaves_its_input_alone_at_the_target_spacing(preset):
+    """A volume already at the preset's spacing is not resampled; the preset's clip must
+    still work on a copy, not on the caller's HU volume."""
+    hu = np.random.default_rng(0).uniform(-3000, 5000, (8, 6, 6)).astype(np.float32)
+    before = hu.copy()
+    ct.preprocess(hu, preset.spacing, replace(preset, shape=None))
+    np.testing.assert_array_equal(hu, before)
+
+
 def test_hu_preset_keeps_int16():
     hu = np.full((10, 20, 20), -1000, dtype=np.int16)
     out = ct.preprocess(hu, (3.0, 1.5, 1.5), ct.HU_ISOTROPIC)

@@ -169,7 +169,11 @@ def _spacing(path: Path, sidecar: Path, value) -> tuple[float, float, float]:
         raise InputError(
             path,
             f'a spacing: {sidecar.name} with {{"spacing_zyx_mm": [z, y, x]}} in mm'
-            + (" or an array spacing_zyx_mm in the archive" if path.suffix == ".npz" else ""),
+            + (
+                " or an array spacing_zyx_mm in the archive"
+                if path.suffix.lower() == ".npz"
+                else ""
+            ),
             "none (a spacing is never guessed)",
         )
     try:
@@ -203,7 +207,7 @@ def _claims(path: Path, facts: dict) -> dict[str, Rescale]:
 def read_array_volume(path: str | Path) -> Volume:
     """A CT volume from a ``.npy`` or ``.npz`` file and its spacing (module docstring)."""
     path = Path(path)
-    if path.suffix == ".npz":
+    if path.suffix.lower() == ".npz":
         names = npz_names(path)
         found = [n for n in VOLUME_ARRAYS if n in names]
         if len(found) != 1:

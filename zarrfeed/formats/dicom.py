@@ -52,7 +52,8 @@ def _files(source: str | Path | Iterable[str | Path]) -> tuple[list[Path], bool]
 
 
 def _header(path: Path, explicit: bool) -> Dataset | None:
-    """The header with pixel data deferred; None for a non-image file found in a folder."""
+    """The header with pixel data deferred; None for a file found in a folder that is no
+    slice (not an image, a scout, a dose screen: :func:`not_a_slice`)."""
     try:
         ds = pydicom.dcmread(path, defer_size=DEFER_BYTES)
     except InvalidDicomError as exc:
@@ -65,7 +66,7 @@ def _header(path: Path, explicit: bool) -> Dataset | None:
         if explicit:
             raise InputError(path, "a DICOM image", "no PixelData element")
         return None
-    return ds
+    return None if not explicit and not_a_slice(ds) else ds
 
 
 def _check_pixels(path: Path, ds: Dataset) -> None:
@@ -86,7 +87,9 @@ def _check_pixels(path: Path, ds: Dataset) -> None:
     needed, size = rows * cols * bits // 8, path.stat().st_size
     what = f"{rows}×{cols} pixels of {bits} bits"
     syntax = ds.file_meta.get("TransferSyntaxUID")
-    if syntax is not None and syntax.is_encapsulated:
+    if syntax is not None and (syntax.is_encapsulated or syntax.is_deflated):
+        # Deflated: the whole data set is compressed, and the deferred element's offset
+        # and length are those in the inflated stream, not in the file.
         limit = max(MAX_INFLATE_RATIO * size, MIN_COMPRESSED_ALLOWANCE)
         require_bytes(path, needed, limit, f"{what} (decoded from a {size}-byte file)")
         return
@@ -252,7 +255,7 @@ def read_dicom_series(
     for out_i, in_i in enumerate(order):
         f, ds = slices[in_i]
         try:
-            pixels = pixel_array(f)
+            pixels = _decode(f, ds)
         except Exception as exc:  # missing decoder plugins, corrupt pixel data, …
             raise InputError(f, "decodable pixel data", f"{type(exc).__name__}: {exc}") from exc
         if pixels.shape != (rows, cols):
@@ -294,6 +297,15 @@ def read_dicom_series(
     )
 
 
+def _decode(path: Path, ds: Dataset) -> np.ndarray:
+    """The stored pixel values of one slice.  ``pixel_array`` reads them from the file, but
+    finds none in a deflated one: that slice is read whole, inflated, and decoded from it."""
+    syntax = ds.file_meta.get("TransferSyntaxUID")
+    if syntax is not None and syntax.is_deflated:
+        return pydicom.dcmread(path).pixel_array
+    return pixel_array(path)
+
+
 def _padding(ds: Dataset, pixels: np.ndarray) -> np.ndarray | None:
     """Pixels equal to PixelPaddingValue, or within it and PixelPaddingRangeLimit."""
     value = ds.get("PixelPaddingValue")
@@ -313,10 +325,23 @@ DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
 _SERIES_UID = 0x0020000E
 _DICOMDIR_CLASS = "1.2.840.10008.1.3.10"
 # Storage classes that are no CT slice but sit beside series: structured reports (dose
-# reports), presentation states, documents, raw data and registrations, waveforms, RT.
+# reports), presentation states, documents, raw data and registrations, waveforms, RT,
+# secondary captures (dose screens; 7 and its multi-frame 7.x, and visible light 77.x).
 _NOT_SLICES = tuple(f"1.2.840.10008.5.1.4.1.1.{c}" for c in
-                    ("88.", "11.", "104.", "66", "9.", "481."))  # fmt: skip
+                    ("88.", "11.", "104.", "66", "9.", "481.", "7"))  # fmt: skip
 NOT_A_SLICE = "-"  # no UID is "-": UIDs are digits and dots
+
+
+def not_a_slice(ds: Dataset) -> bool:
+    """Whether ``ds`` is no slice of a CT volume: a DICOMDIR, an object of a storage class
+    in ``_NOT_SLICES``, or a scout (ImageType LOCALIZER: a projection image, in another
+    orientation than the slices, often in their series)."""
+    sop_class = str(ds.file_meta.get("MediaStorageSOPClassUID") or ds.get("SOPClassUID") or "")
+    if sop_class == _DICOMDIR_CLASS or sop_class.startswith(_NOT_SLICES):
+        return True
+    image_type = ds.get("ImageType") or []
+    image_type = [image_type] if isinstance(image_type, str) else image_type
+    return "LOCALIZER" in (str(v).strip().upper() for v in image_type)
 
 
 def looks_like_dicom(path: Path) -> bool:
@@ -342,8 +367,7 @@ def _series_uid(path: str, size: int, mtime_ns: int) -> str | None:
         return ""
     except Exception:  # truncated or corrupt: the series reader names the problem
         return None
-    sop_class = str(ds.file_meta.get("MediaStorageSOPClassUID") or ds.get("SOPClassUID") or "")
-    if sop_class == _DICOMDIR_CLASS or sop_class.startswith(_NOT_SLICES):
+    if not_a_slice(ds):
         return NOT_A_SLICE
     return str(ds.get("SeriesInstanceUID") or "") or None
 

@@ -52,10 +52,10 @@ T = TypeVar("T")
 
 
 def ct_stem(path: PurePath | str) -> str:
-    """The file name without its CT suffix (``.nii.gz`` is one suffix)."""
+    """The file name without its CT suffix (``.nii.gz`` is one suffix, in any case)."""
     name = path.name if isinstance(path, PurePath) else path.rsplit("/", 1)[-1]
     for suffix in CT_SUFFIXES:
-        if name.endswith(suffix):
+        if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return PurePosixPath(name).stem
 
@@ -119,16 +119,17 @@ _SETTLED_NS = 2_000_000_000  # a folder changed less than this ago may change ag
 
 def walk_tree(root: str | Path) -> Tree:
     """Folder → sorted file names of every folder under ``root``, in path order.  Hidden
-    entries and symlinked folders are skipped (no cycles); a missing root is an empty tree.
-    Broken entries (a symlink loop, a dangling link, a folder that cannot be listed) are
-    left out and listed in the result's ``skipped``.
+    entries are skipped, and symlinked folders are not followed (no cycles); a missing root
+    is an empty tree.  Broken entries (a symlink loop, a dangling link, a folder that cannot
+    be listed) and symlinked folders are left out and listed in the result's ``skipped``.
 
     A discovery sensor walks the same 50,000-file tree every tick, so a folder whose mtime
     (which changes when an entry is added, removed or renamed) is what the last walk in this
     process saw is not listed again — one ``stat`` instead of a scan — unless it changed
-    too recently for its mtime to be trusted; its names come back as the very same list, so
-    finders may reuse what they derived from it (:func:`discover_ct`).  Paths stay strings
-    until the end: pathlib's parsing and comparisons cost more than the scan at this size.
+    too recently for its mtime to be trusted or held broken entries; its names come back as
+    the very same list, so finders may reuse what they derived from it (:func:`discover_ct`).
+    Paths stay strings until the end: pathlib's parsing and comparisons cost more than the
+    scan at this size.
     """
     global _LISTINGS
     seen: dict[str, _Listing] = {}
@@ -145,7 +146,14 @@ def walk_tree(root: str | Path) -> Tree:
             skipped[folder] = f"cannot stat the folder: {exc.strerror or exc}"
             continue
         listing = _LISTINGS.get(folder)
-        if listing is None or listing.mtime != mtime or now - mtime <= _SETTLED_NS:
+        # A folder with broken entries is listed again: a dangling link mends (its target
+        # appears, a mount comes back) without changing the folder's mtime.
+        if (
+            listing is None
+            or listing.mtime != mtime
+            or listing.skipped
+            or now - mtime <= _SETTLED_NS
+        ):
             listing = _Listing(mtime, *_list(folder), Path(folder))
         seen[folder] = listing
         skipped.update(listing.skipped)
@@ -158,9 +166,9 @@ def walk_tree(root: str | Path) -> Tree:
 
 def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
     """(sorted subfolders, sorted file names, skipped entries) of one folder, hidden ones
-    and symlinked folders left out.  Subfolders share their parent's path, so sorting them
-    as strings sorts them by name, and a depth-first walk that takes them in this order
-    visits the tree in path order without sorting it whole."""
+    left out and symlinked folders reported as skipped.  Subfolders share their parent's
+    path, so sorting them as strings sorts them by name, and a depth-first walk that takes
+    them in this order visits the tree in path order without sorting it whole."""
     folders, names, skipped = [], [], {}
     try:
         with os.scandir(folder) as entries:
@@ -174,6 +182,12 @@ def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
                         names.append(entry.name)
                     elif entry.is_symlink() and not os.path.exists(entry.path):
                         skipped[entry.path] = f"a dangling link to {os.readlink(entry.path)}"
+                    elif entry.is_symlink() and entry.is_dir():
+                        target = os.readlink(entry.path)
+                        skipped[entry.path] = (
+                            f"a link to a folder ({target}), not followed: links could form a "
+                            "cycle; point the raw folder at the data itself"
+                        )
                 except OSError as exc:  # a symlink loop, an entry that vanished or refuses
                     skipped[entry.path] = exc.strerror or str(exc)
     except FileNotFoundError:
@@ -267,17 +281,17 @@ _FOUND: dict[Path, tuple[list[str], list, list[Path]]] = {}
 
 
 def _ct_files(folder: Path, names: list[str], spike_roots: list[Path]) -> list:
-    """The NIfTI and ``.npy``/``.npz`` items of one folder (arrays in spike datasets are
-    not CT)."""
+    """The NIfTI and ``.npy``/``.npz`` items of one folder, their suffixes in any case
+    (``CT.NII.GZ``); arrays in spike datasets are not CT."""
     found = []
     present = set(names)
     for name in names:
-        path = folder / name
-        if name.endswith(CT_SUFFIXES):
+        path, lower = folder / name, name.lower()
+        if lower.endswith(CT_SUFFIXES):
             key = _key(ct_stem(path), path)
             found.append((key, path, CTItem(key, "nifti", path)))
-        elif name.endswith(ARRAY_SUFFIXES) and _under(folder, spike_roots) is None:
-            stem, kind = name[:-4], name[-3:]
+        elif lower.endswith(ARRAY_SUFFIXES) and _under(folder, spike_roots) is None:
+            stem, kind = name[:-4], lower[-3:]
             sidecar = f"{stem}.json"
             files = (path, folder / sidecar) if sidecar in present else ()
             key = _key(stem, path)
@@ -289,8 +303,10 @@ def read_ct_rate_metadata(
     root: str | Path, tree: Tree | None = None, skipped: dict[str, str] | None = None
 ) -> dict[str, dict[str, str]]:
     """VolumeName stem → CT-RATE metadata row, from every ``*metadata*.csv`` under ``root``
-    (found in ``tree``, :func:`walk_tree`'s, when the caller has it).  A CSV that cannot be
-    read raises :class:`InputError`, or, given ``skipped``, is recorded there and left out."""
+    (found in ``tree``, :func:`walk_tree`'s, when the caller has it).  The CT-RATE tables are
+    read as UTF-8, with or without the byte order mark spreadsheet programs write.  A CSV that
+    cannot be read raises :class:`InputError`, or, given ``skipped``, is recorded there and
+    left out."""
     tree = walk_tree(root) if tree is None else tree
     rows: dict[str, dict[str, str]] = {}
     for folder, names in tree.items():
@@ -316,7 +332,7 @@ def _metadata_rows(csv_path: Path) -> dict[str, dict[str, str]]:
     if csv_path in _PARSED and _PARSED[csv_path][0] == stamp:
         return _PARSED[csv_path][1]
     rows = {}
-    with open(csv_path, newline="") as f:
+    with open(csv_path, newline="", encoding="utf-8-sig") as f:
         # csv.reader and zip, not DictReader: a third of the time for a 50,000-row CSV.
         reader = csv.reader(f)
         header = next(reader, None)
@@ -338,7 +354,7 @@ def read_ct_rate_labels(root: str | Path) -> tuple[list[str], dict[str, list[int
     names: list[str] = []
     rows: dict[str, list[int]] = {}
     for csv_path in sorted(Path(root).rglob("*labels*.csv")):
-        with open(csv_path, newline="") as f:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c for c in reader.fieldnames or [] if c != "VolumeName"]
             if not reader.fieldnames or "VolumeName" not in reader.fieldnames or not columns:
@@ -350,11 +366,25 @@ def read_ct_rate_labels(root: str | Path) -> tuple[list[str], dict[str, list[int
                 )
             names = columns
             for row in reader:
-                try:
-                    rows[ct_stem(Path(row["VolumeName"]))] = [int(float(row[c])) for c in names]
-                except ValueError as exc:
-                    raise InputError(csv_path, "0/1 labels", f"{row['VolumeName']}: {exc}") from exc
+                rows[ct_stem(Path(row["VolumeName"]))] = _label_row(csv_path, row, names)
     return names, rows
+
+
+def _label_row(csv_path: Path, row: dict[str, str | None], names: list[str]) -> list[int]:
+    """A row's labels, each 0 or 1 (``1.0`` and ``0.0`` too): a probability or an
+    "uncertain" -1 is no label, and a short row no row."""
+    values = []
+    for name in names:
+        text = row.get(name)
+        try:
+            value = float(text) if text is not None else None
+        except ValueError:
+            value = None
+        if value not in (0.0, 1.0):
+            found = f"no value for {name}" if text is None else f"{name} = {text!r}"
+            raise InputError(csv_path, "0/1 labels", f"{row['VolumeName']}: {found}")
+        values.append(int(value))
+    return values
 
 
 def read_ct_rate_reports(root: str | Path) -> dict[str, str]:
@@ -362,7 +392,7 @@ def read_ct_rate_reports(root: str | Path) -> dict[str, str]:
     (CT-CLIP reads these two columns; "Not given." is kept as written)."""
     reports: dict[str, str] = {}
     for csv_path in sorted(Path(root).rglob("*reports*.csv")):
-        with open(csv_path, newline="") as f:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             if not reader.fieldnames or "VolumeName" not in reader.fieldnames:
                 raise InputError(
@@ -429,10 +459,19 @@ class SpikeSequence:
 def _spike_config(path: Path) -> dict:
     try:
         facts = json.loads(path.read_text())
-        if min(int(facts["height"]), int(facts["width"])) < 1:
+        height, width = int(facts["height"]), int(facts["width"])
+        if min(height, width) < 1:
             raise ValueError("height and width must be at least 1")
-        for entry in facts["layouts"].values():
-            entry["layout"], int(entry["frames"])
+        for folder, entry in facts["layouts"].items():
+            layout, frames = entry["layout"], int(entry["frames"])
+            if layout not in ("packed", "bytes"):
+                raise ValueError(f"{folder}: layout {layout!r}, expected 'packed' or 'bytes'")
+            if frames < 1:
+                raise ValueError(f"{folder}: frames must be at least 1, got {frames}")
+            if layout == "packed" and height * width % 8:
+                raise ValueError(
+                    f"{folder}: packed {height}×{width} frames need H·W divisible by 8"
+                )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             path,

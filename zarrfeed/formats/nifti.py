@@ -88,7 +88,7 @@ def _layout(path: Path) -> _Layout:
     if np.isnan(layout.ornt()).any():
         raise InputError(path, "an affine with one image axis per world axis", str(affine))
     size = path.stat().st_size
-    if path.name.endswith(".gz"):
+    if path.name.lower().endswith(".gz"):
         require_inflatable(path, offset + layout.nbytes, size, layout.describe())
     else:
         require_bytes(path, offset + layout.nbytes, size, layout.describe())
@@ -155,7 +155,7 @@ def _inflate(path: Path, size: int) -> np.ndarray:
 def _voxels(path: Path, layout: _Layout) -> np.ndarray:
     _require_memory(path, layout)
     count = layout.nbytes // layout.dtype.itemsize
-    if path.name.endswith(".gz"):
+    if path.name.lower().endswith(".gz"):
         buf = _inflate(path, layout.offset + layout.nbytes)
         data = np.ndarray(layout.shape, layout.dtype, buf, layout.offset, order="F")
     else:

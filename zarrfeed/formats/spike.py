@@ -23,7 +23,8 @@ def read_dat(
     """(T, H, W) uint8 spikes from a ``.dat`` file.
 
     ``packed``: the size must be a whole number of H·W/8-byte frames (and equal ``frames``
-    of them when given).  ``bytes``: the size must be exactly ``frames``·H·W.
+    of them when given).  ``bytes``: the size must be exactly ``frames``·H·W, and every
+    byte 0 or 1 (a spike or none; 255 for a spike would wrap the uint8 voxel bins).
     """
     path = Path(path)
     size = path.stat().st_size
@@ -47,7 +48,11 @@ def read_dat(
                 f"{expected} bytes ({frames}×{height}×{width} uint8); cannot reshape spike data",
                 f"{size} bytes",
             )
-        return sp.decode_bytes(np.fromfile(path, dtype=np.uint8), frames, height, width)
+        spikes = sp.decode_bytes(np.fromfile(path, dtype=np.uint8), frames, height, width)
+        top = int(spikes.max(initial=0))
+        if top > 1:
+            raise InputError(path, "spikes of 0 or 1, one byte per pixel", f"values up to {top}")
+        return spikes
     raise ValueError(f"unknown layout {layout!r}: use 'packed' or 'bytes'")
 
 

@@ -60,14 +60,20 @@ class Scan(dict):
 
 def _items(found: Found, origin: str, make: callable, files: callable) -> Scan:
     """Catalog entries of ``found``; a collided key is one entry naming every location.  An
-    item whose files cannot be stat'ed (gone since the walk, unreachable) is skipped."""
+    item whose files cannot be stat'ed (gone since the walk, unreachable) is skipped, and so
+    is one whose evidence cannot be read (a metadata row with a malformed rescale): one bad
+    item never stops the discovery of the others."""
     out = Scan()
     out.skipped = dict(found.skipped)
     for key, thing in found.items.items():
+        paths = []
         try:
-            out[key] = make(key, thing, *_stat(files(thing)))
+            paths = files(thing)
+            out[key] = make(key, thing, *_stat(paths))
         except OSError as exc:
             out.skipped[str(exc.filename or key)] = exc.strerror or str(exc)
+        except InputError as exc:
+            out.skipped[str(paths[0]) if paths else key] = str(exc)
     for key, paths in found.collisions.items():
         first, *others = paths
         out[key] = RawItem(

@@ -79,10 +79,13 @@ def resampled_shape(shape: tuple[int, ...], spacing: Spacing, target: Spacing) -
 
 
 def resample(volume: np.ndarray, spacing: Spacing, target: Spacing) -> np.ndarray:
-    """Trilinear resampling to ``target`` spacing (torch, ``align_corners=False``), float32."""
+    """Trilinear resampling to ``target`` spacing (torch, ``align_corners=False``), float32.
+
+    Always a new array, also when the size does not change (then a float32 copy), so that
+    callers may work on the result in place."""
     size = resampled_shape(volume.shape, spacing, target)
     if tuple(size) == volume.shape:
-        return np.asarray(volume, dtype=np.float32)
+        return np.array(volume, dtype=np.float32)
     import torch  # here, not at import: the CLI's commands start without torch (~1.7 s)
 
     src = torch.from_numpy(np.ascontiguousarray(volume, dtype=np.float32))[None, None]

@@ -317,23 +317,28 @@ def to_hu(
     rescale = decision.rescale if isinstance(decision, HuDecision) else decision
     stored = np.asarray(stored)
     out = np.empty(stored.shape, dtype=np.float32)
-    # Block by block, the minima taken on the way: one pass through memory instead of four
-    # over a full-size float32 volume (the cast, the rescale, the two sentinel minima).
-    flat_in, flat_out = stored.reshape(-1), out.reshape(-1)  # a copy only if not contiguous
+    # Block by block, sentinels filled on the way: one pass through memory instead of four
+    # over a full-size float32 volume (the cast, the rescale, the two sentinel minima), and
+    # no volume-sized mask per sentinel.  The blocks are taken from one slab (index along
+    # the first axis) at a time: readers hand over reoriented views, which a flat reshape
+    # of the whole volume would copy whole.
+    slabs, out_slabs = (stored, out) if stored.ndim > 1 else (stored[None], out[None])
     slope, intercept = np.float32(rescale.slope), np.float32(rescale.intercept)
-    lowest = np.inf
-    for start in range(0, flat_out.size, _HU_BLOCK):
-        block = flat_out[start : start + _HU_BLOCK]
-        block[...] = flat_in[start : start + _HU_BLOCK]
-        if rescale.slope != 1:
-            block *= slope
-        if rescale.intercept != 0:
-            block += intercept
-        # fmin ignores NaN: a NaN beside a sentinel in one block must not hide the sentinel.
-        stored_min = float(np.fmin.reduce(flat_in[start : start + _HU_BLOCK]))
-        lowest = min(lowest, stored_min, float(np.fmin.reduce(block)))
-    if padding is not None or lowest <= max(SENTINELS):
-        outside = outside_mask(stored, out, padding)
-        if outside is not None:
-            out[outside] = AIR_FILL
+    for slab, out_slab in zip(slabs, out_slabs, strict=True):
+        flat_in, flat_out = np.ascontiguousarray(slab).reshape(-1), out_slab.reshape(-1)
+        for start in range(0, flat_out.size, _HU_BLOCK):
+            block, source = flat_out[start : start + _HU_BLOCK], flat_in[start : start + _HU_BLOCK]
+            block[...] = source
+            if rescale.slope != 1:
+                block *= slope
+            if rescale.intercept != 0:
+                block += intercept
+            # fmin ignores NaN: a NaN beside a sentinel in one block must not hide it.
+            lowest = min(float(np.fmin.reduce(source)), float(np.fmin.reduce(block)))
+            if lowest <= max(SENTINELS):
+                outside = outside_mask(source, block)
+                if outside is not None:
+                    block[outside] = AIR_FILL
+    if padding is not None:
+        out[np.asarray(padding, dtype=bool)] = AIR_FILL
     return out
