@@ -558,7 +558,10 @@ def init_10k(work: Path, n: int) -> None:
         "dataset": "ct",
         "keys": keys,
         "incomplete": [],
-        "assets": {"ct/windows": {"partitions": [dict(part, key=k) for k in keys]}},
+        "assets": {
+            "ct/windows": {"partitions": [dict(part, key=k) for k in keys]},
+            "ct/patches": {"partitions": [{"key": k} for k in keys]},  # its patch_shape
+        },
     }
     store._write_manifest("ct", manifest)
     rng = np.random.default_rng(0)
