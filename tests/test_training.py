@@ -97,6 +97,29 @@ def test_beyond_ram_training_uses_the_block_sampler_and_resumes_exactly(built, t
     assert resumed.resumed_from == 3 and resumed.history["loss"] == whole.history["loss"]
 
 
+def test_a_checkpoint_of_another_epoch_order_is_another_run(built, tmp_path):
+    """The block shuffle's blocks follow the memory of the machine: a checkpoint records
+    them.  Blocks this machine cannot take up make the checkpoint another run (a new folder,
+    the old one untouched) instead of a resumed epoch that repeats some samples and skips
+    others; a checkpoint written before orders were recorded still resumes."""
+    c = config(built, tmp_path, "ct_classifier", steps=3, checkpoint_every=3, amp="off")
+    c.data.cache_gb = 0.012  # out of core: a block shuffle
+    train(c)
+    path = c.run_dir / "last.pt"
+    saved = torch.load(path, weights_only=True)
+    assert saved["sample_order"]["kind"] == "block"
+    saved["sample_order"]["block_bytes"] *= 4  # a machine with a larger cache wrote it
+    torch.save(saved, path)
+    c.train.steps = 6
+    lines: list[str] = []
+    other = train(c, log=lines.append)
+    assert other.resumed_from == 0 and Path(other.checkpoint).parent.name == f"{c.run_name or 'run'}-2"
+    assert any("not resuming" in s and "sample order" in s for s in lines), lines
+    del saved["sample_order"]
+    torch.save(saved, path)
+    assert train(c).resumed_from == 3
+
+
 def test_device_cache_cuts_the_loader_batches_and_trains_alike(built, tmp_path):
     store, _ = built
     ds = CTPatchDataset(store, window="lung", cache_gb=0.25)

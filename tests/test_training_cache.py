@@ -24,6 +24,7 @@ from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sa
 from zarrfeed.training.data import arena as arena_module
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.ring import settle
+from zarrfeed.training.data.sampler import ResumableSampler, follow_order, sample_order
 from zarrfeed.training.data.shm import clear_caches, held_bytes, list_caches, sweep
 
 PATCH = 32
@@ -310,6 +311,29 @@ def test_block_sampler_is_deterministic_and_resumes_exactly(ct_store):
     a.set_epoch(1, start=37)
     assert len(a) == len(second) - 37 and list(a) == second[37:]
     assert list(b) == second  # a finished pass moves on to the next epoch by itself
+
+
+def test_a_block_shuffle_takes_up_a_recorded_order_no_larger_than_its_own(ct_store):
+    """A block shuffle's blocks follow the cache the machine could give it: a run resumed
+    with other blocks would repeat some samples of the interrupted epoch and skip others.
+    The recorded order is taken up when its blocks fit, and refused, said why, otherwise."""
+    ds = CTPatchDataset(ct_store, cache_gb=unit_budget_gb(20))
+    here = BlockSampler(ds, seed=3, prefetch=False)
+    smaller = BlockSampler(ds, seed=3, prefetch=False, block_bytes=here.block_bytes // 3)
+    order = list(smaller)
+    assert order != list(BlockSampler(ds, seed=3, prefetch=False))  # the blocks matter
+    recorded = sample_order(smaller)
+    assert follow_order(here, recorded) is None
+    assert sample_order(here) == recorded
+    here.set_epoch(0, start=11)
+    assert list(here) == order[11:]
+    larger = {"kind": "block", "block_bytes": here.block_bytes * 4}
+    assert "sample order" in follow_order(here, larger)
+    assert sample_order(here) == recorded  # unchanged by a refusal
+    shuffle = ResumableSampler(len(ds), seed=3)
+    assert "shuffle over the whole dataset" in follow_order(here, sample_order(shuffle))
+    assert "block shuffle" in follow_order(shuffle, recorded)
+    assert follow_order(shuffle, None) is None  # a checkpoint from before orders were kept
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -269,6 +269,9 @@ def validation_problem(
 # optimiser, precision, model, seed, sampler, cache_gb, which picks the sampler in "auto")
 # must match for a run to continue a checkpoint.  The store URL is compared as the data it
 # holds (the dataset manifest's hash), so the same store reached by another path still resumes.
+# The device tier and the memory of the machine pick the epoch order (a whole shuffle or a
+# block shuffle, and its block size): the checkpoint records that order itself, and a resumed
+# run takes it up or is another run (Trainer._order_differs).
 RESUME_IGNORES = frozenset(
     {
         "store", "out", "run_name", "resume", "resume_anyway",

@@ -275,6 +275,7 @@ class Trainer:
         self._stop = StopSignals(self.env.world)
         self._events: EventLog | None = None
         self._fingerprint: dict[str, Any] = {}
+        self._order: dict[str, Any] | None = None  # the epoch order, as checkpoints record it
         self._per_class: PerClass = {}
 
     def log(self, line: str) -> None:
@@ -365,12 +366,13 @@ class Trainer:
             "rng": torch.get_rng_state(),
             "config": self.config.model_dump(),
             "data_fingerprint": self._fingerprint,
+            "sample_order": self._order,
         }
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)  # a crash never leaves half a checkpoint under the real name
 
-    def _resume_point(self, dataset: Dataset) -> dict[str, Any] | None:
+    def _resume_point(self, dataset: Dataset, feed: Feed) -> dict[str, Any] | None:
         """The checkpoint this run continues, or None to start afresh; either way
         ``self.config.run_name`` then names the folder it writes.
 
@@ -391,7 +393,7 @@ class Trainer:
                 break
             if c.resume:
                 saved = read_checkpoint(path)
-                differences = self._differences(saved, current)
+                differences = self._differences(saved, current) or self._order_differs(saved, feed)
             else:  # never continued: only its folder is skipped
                 saved, differences = None, ["resume is off"]
             if n == 1 and differences and c.resume and c.resume_anyway:
@@ -415,6 +417,19 @@ class Trainer:
             )
         return saved
 
+    def _order_differs(self, saved: dict[str, Any], feed: Feed) -> list[str]:
+        """The feed takes up the epoch order of checkpoint ``saved``'s run (a block shuffle's
+        blocks follow the memory of the machine, so a resumed epoch would otherwise repeat
+        some samples and skip others); why not, agreed by every rank, which all continue
+        the same folder or none."""
+        why = feed.follow(saved.get("sample_order"))
+        if self.env.world > 1:
+            flag = torch.tensor([int(why is not None)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and why is None:
+                why = "sample order: another rank cannot take up the checkpoint's"
+        return [why] if why else []
+
     @staticmethod
     def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         """How ``current`` differs from the run of checkpoint ``saved`` (one written before
@@ -426,9 +441,9 @@ class Trainer:
         return run_differences(theirs, current)
 
     def _load(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Dataset
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Dataset, feed: Feed
     ) -> dict[str, Any] | None:
-        saved = self._resume_point(dataset)
+        saved = self._resume_point(dataset, feed)
         if saved is None:
             return None
         model.load_state_dict(saved["model"])
@@ -480,7 +495,8 @@ class Trainer:
         c, t = self.config, self.config.train
         model = self.task.model(dataset).to(self.device)
         optimizer = make_optimizer(model, t.lr, t.weight_decay, self.device)
-        saved = self._load(model, optimizer, dataset)
+        saved = self._load(model, optimizer, dataset, feed)
+        self._order = feed.order()  # after the checkpoint's was taken up
         eval_batches = self._eval_batches(self.task.dataset()) if self.env.main else []
         eval_before = saved["eval_before"] if saved else self._evaluate(model, eval_batches)
         state = {

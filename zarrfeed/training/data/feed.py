@@ -41,7 +41,13 @@ from zarrfeed.training.data.base import collate_batch
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source, plan_device
 from zarrfeed.training.data.loader import LoaderPlan, local_world_size, make_loader
 from zarrfeed.training.data.ring import settle
-from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
+from zarrfeed.training.data.sampler import (
+    BlockSampler,
+    ResumableSampler,
+    follow_order,
+    make_sampler,
+    sample_order,
+)
 
 Tag = tuple[int, int]  # (epoch, batch position within the epoch)
 _DONE = object()
@@ -204,6 +210,7 @@ class Feed:
     ) -> None:
         self.device, self.per_epoch, self.reasons = device, per_epoch, reasons or []
         self.source: DevicePatches | DeviceSlots | None = None  # the device tier, if any
+        self.sampler: ResumableSampler | BlockSampler | None = None  # the epoch order
         self._cuda = device.type == "cuda"
         # what was queued on the device before the feed (the device tier's uploads and
         # tables, on the caller's stream): the side stream starts after it
@@ -263,6 +270,18 @@ class Feed:
                 batches.close()  # a DataLoader's workers end with it
 
     # the consumer ------------------------------------------------------------------------
+    def order(self) -> dict[str, Any] | None:
+        """What decides the epoch order (:func:`~zarrfeed.training.data.sampler.sample_order`),
+        for a checkpoint to record."""
+        return None if self.sampler is None else sample_order(self.sampler)
+
+    def follow(self, recorded: dict[str, Any] | None) -> str | None:
+        """Take up the epoch order a checkpoint recorded, before :meth:`begin`; why not,
+        when it cannot (:func:`~zarrfeed.training.data.sampler.follow_order`)."""
+        if self.sampler is None or self._begun.is_set():
+            raise RuntimeError("Feed.follow: no sampler, or the feed has begun")
+        return follow_order(self.sampler, recorded)
+
     def begin(self, epoch: int, position: int) -> None:
         """Start producing from batch ``position`` of ``epoch`` (a checkpoint's place)."""
         self._start = (epoch, position)
@@ -378,7 +397,7 @@ def make_feed(
             yield tag, holder.batch(indices)
 
     feed = Feed(produce, device, chain.per_epoch, depth, reasons)
-    feed.source = holder
+    feed.source, feed.sampler = holder, sampler
     return feed
 
 
@@ -507,4 +526,6 @@ def _loader_feed(
         for batch in loader:  # one iterator for the whole run: it never ends by itself
             yield keys.tags.popleft(), settle(batch, pin)
 
-    return Feed(produce, device, chain.per_epoch, depth, plan.reasons)
+    feed = Feed(produce, device, chain.per_epoch, depth, plan.reasons)
+    feed.sampler = sampler
+    return feed

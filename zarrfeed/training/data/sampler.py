@@ -8,7 +8,10 @@ is left.  The block sampler (TorchIO's Queue and Streaming's block shuffles, app
 units) keeps the working set inside the cache: each epoch shuffles the partitions, gives each
 rank a contiguous run of them — so each machine's cache holds only its ranks' data — cuts the
 run into blocks whose units fit half the cache, shuffles samples within each block, and
-decodes the next block's units in a background thread while the current one is read.  From
+decodes the next block's units in a background thread while the current one is read.  Its
+order depends on the block size, which follows the memory a machine has: a checkpoint records
+the order (:func:`sample_order`) and a resumed run takes it up (:func:`follow_order`), so
+the interrupted epoch goes on in the order it began.  From
 an object store, the block after the current one is also fetched into the disk tier as soon as
 the current one starts (nothing is evicted for it), so the bucket is read while the RAM cache
 still holds the block before.
@@ -211,3 +214,41 @@ def make_sampler(
     if mode == "auto" and cache is not None:
         sampler.reason += f" (auto: the dataset fits its {cache.budget_bytes / 1e9:.2f} GB cache)"
     return sampler
+
+
+def sample_order(sampler: ResumableSampler | BlockSampler) -> dict[str, Any]:
+    """What decides ``sampler``'s order besides (seed, epoch, rank, world): a checkpoint
+    records it, since a block shuffle's blocks follow the memory of the machine it ran on."""
+    if isinstance(sampler, BlockSampler):
+        return {"kind": "block", "block_bytes": sampler.block_bytes}
+    return {"kind": "shuffle"}
+
+
+def _described(order: dict[str, Any]) -> str:
+    if order.get("kind") == "block":
+        return f"block shuffle in blocks of <= {int(order['block_bytes']) / 1e9:.3f} GB"
+    return "shuffle over the whole dataset"
+
+
+def follow_order(
+    sampler: ResumableSampler | BlockSampler, recorded: dict[str, Any] | None
+) -> str | None:
+    """Give ``sampler`` the order a checkpoint ``recorded`` (None: one written before orders
+    were recorded, taken as it is), so that a resumed epoch neither repeats nor skips samples;
+    or say why it cannot.  A block shuffle takes up the recorded blocks when they are no
+    larger than its own (they fit the cache or device slots this one was sized for)."""
+    mine = sample_order(sampler)
+    if recorded is None or recorded == mine:
+        return None
+    if (
+        isinstance(sampler, BlockSampler)
+        and recorded.get("kind") == "block"
+        and int(recorded["block_bytes"]) <= sampler.block_bytes
+    ):
+        sampler.block_bytes = int(recorded["block_bytes"])
+        sampler.reason += f"; {_described(recorded)}, as the run it resumes"
+        return None
+    return (
+        f"sample order: the checkpoint's run read a {_described(recorded)}, this one a "
+        f"{_described(mine)}"
+    )
