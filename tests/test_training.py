@@ -113,7 +113,8 @@ def test_a_checkpoint_of_another_epoch_order_is_another_run(built, tmp_path):
     c.train.steps = 6
     lines: list[str] = []
     other = train(c, log=lines.append)
-    assert other.resumed_from == 0 and Path(other.checkpoint).parent.name == f"{c.run_name or 'run'}-2"
+    assert other.resumed_from == 0
+    assert Path(other.checkpoint).parent.name == f"{c.run_name or 'run'}-2"
     assert any("not resuming" in s and "sample order" in s for s in lines), lines
     del saved["sample_order"]
     torch.save(saved, path)
