@@ -143,3 +143,42 @@ def test_without_a_usable_log_the_manifest_scans_in_full_and_says_so(
     assert without_positions(manifest) == full(store, "ct", ASSETS)
     version = store.commit_record("ct/windows", "scan_1")["version"]
     assert store.record_summaries("ct/windows")["scan_1"]["version"] == version
+
+
+def test_a_key_mixing_two_builds_of_a_stage_is_left_out_and_back_once_rebuilt(
+    tmp_path, monkeypatch
+):
+    """A dataset build after the first reads only the keys the change logs name: a rebuilt
+    HU volume must still leave out the key whose windows were built from the one before
+    (they would pair arrays of two volumes), and the key comes back once its windows are
+    built from the new one."""
+    from zarrfeed.families.ct import CT_HU, CT_WINDOWS
+    from zarrfeed.store import provenance
+    from zarrfeed.store.contract import UPSTREAM
+
+    monkeypatch.setattr(zarrstore, "MARGIN_S", 0.0)
+    store = ZarrStore(tmp_path / "s.zarr")
+    lineage, paths = (CT_HU, CT_WINDOWS), [CT_HU.path, CT_WINDOWS.path]
+
+    def build(spec, key: str, fingerprint: str, built_from: str | None = None) -> None:
+        attrs = provenance(f"{key}.nii.gz", None, "1", fingerprint=fingerprint)
+        if built_from is not None:
+            attrs[UPSTREAM] = {CT_HU.name: built_from}
+        with store.write_partition(spec.path, key, attrs) as w:
+            w.write("x", np.zeros((4, 4), np.int16))
+
+    for key in ("k", "other"):
+        build(CT_HU, key, "hu-1")
+        build(CT_WINDOWS, key, "win-1", built_from="hu-1")
+    assert store.write_dataset("ct", paths, lineage=lineage)["keys"] == ["k", "other"]
+    build(CT_HU, "k", "hu-2")  # the scan changed; its windows failed to build again
+    with monkeypatch.context() as patched:
+        reads = counting(store, patched)
+        manifest = store.write_dataset("ct", paths, lineage=lineage)
+    assert reads == {path: ["k"] for path in paths}  # incremental: only the key that changed
+    assert manifest["keys"] == ["other"]
+    assert manifest["failed"] == {
+        "k": ["ct_windows was built from another build of ct_hu: build it again"]
+    }
+    build(CT_WINDOWS, "k", "win-2", built_from="hu-2")
+    assert store.write_dataset("ct", paths, lineage=lineage)["keys"] == ["k", "other"]

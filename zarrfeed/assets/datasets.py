@@ -19,7 +19,6 @@ from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.metadata import mib, table
 from zarrfeed.families import Family
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
-from zarrfeed.store.contract import UPSTREAM
 
 # The nightly schedules rebuild what is missing or stale; a manifest older than two days means
 # they have stopped.
@@ -48,26 +47,6 @@ def conflicts(zarr_store: ZarrStoreResource, family: Family) -> dict[str, list[s
         for key, item in zarr_store.catalog(family.name).index().items()
         if item.conflict
     }
-
-
-def mixed_builds(zarr_store: ZarrStoreResource, family: Family) -> dict[str, list[str]]:
-    """Key → why, for the keys with a stage built from another build of a stage it reads
-    than the one committed now (the scan changed, its first stages were rebuilt and a later
-    one failed): such a sample pairs arrays of two volumes until that stage is built again.
-    Partitions that do not record what they were built from are taken as they are."""
-    store = zarr_store.store()
-    records = {spec.name: store.record_summaries(spec.path) for spec in family.assets}
-    out: dict[str, list[str]] = {}
-    for spec in family.assets:
-        for up in spec.upstream:
-            for key, record in records[spec.name].items():
-                built_from = (record["attrs"].get(UPSTREAM) or {}).get(up)
-                now = (records[up].get(key) or {}).get("attrs", {}).get("fingerprint")
-                if built_from is not None and now is not None and now != built_from:
-                    out.setdefault(key, []).append(
-                        f"{spec.name} was built from another build of {up}: build it again"
-                    )
-    return out
 
 
 def dataset_asset(family: Family) -> dg.AssetsDefinition:
@@ -103,10 +82,9 @@ def dataset_asset(family: Family) -> dg.AssetsDefinition:
     def _dataset(zarr_store: ZarrStoreResource, raw: RawFolderResource) -> dg.MaterializeResult:
         store = zarr_store.store()
         paths = [a.path for a in family.assets]
-        withheld = conflicts(zarr_store, family)
-        for key, why in mixed_builds(zarr_store, family).items():
-            withheld[key] = [*withheld.get(key, []), *why]
-        manifest = store.write_dataset(family.name, paths, withheld)
+        manifest = store.write_dataset(
+            family.name, paths, conflicts(zarr_store, family), lineage=family.assets
+        )
         keys = manifest["keys"]
         pinned = {a: [p["version"] for p in m["partitions"]] for a, m in manifest["assets"].items()}
         consolidated: dict[str, Any] = {

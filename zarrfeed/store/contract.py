@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +132,28 @@ def stale_reason(record: Mapping[str, Any] | None, expected: str) -> str | None:
 def failed_checks(record: Mapping[str, Any] | None) -> list[str]:
     """The blocking checks a committed partition failed (it never enters a dataset)."""
     return sorted(n for n, ok in ((record or {}).get("checks") or {}).items() if not ok)
+
+
+def mixed_builds(
+    lineage: Sequence[StoredAsset], summaries: Mapping[str, Mapping[str, Any] | None]
+) -> list[str]:
+    """Why a key's partitions (``summaries``: store path → its record summary) do not make
+    one sample: a stage built from another build of a stage it reads than the one committed
+    now (the scan changed, its first stages were rebuilt and a later one failed) pairs
+    arrays of two volumes until it is built again.  ``lineage``: the stored assets whose
+    dependencies are followed; partitions that do not record what they were built from are
+    taken as they are."""
+    paths = {spec.name: spec.path for spec in lineage}
+    why = []
+    for spec in lineage:
+        attrs = (summaries.get(spec.path) or {}).get("attrs") or {}
+        for up in spec.upstream:
+            built_from = (attrs.get(UPSTREAM) or {}).get(up)
+            upstream = summaries.get(paths.get(up, "")) or {}
+            now = (upstream.get("attrs") or {}).get("fingerprint")
+            if built_from is not None and now is not None and now != built_from:
+                why.append(f"{spec.name} was built from another build of {up}: build it again")
+    return why
 
 
 def _plain(value: Any) -> Any:

@@ -30,7 +30,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from zarrfeed.store.bulk import gc_paused
 from zarrfeed.store.changes import DELETED, MARGIN_S, ChangeLog, ChangeLogError, Intent, now_ns
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
-from zarrfeed.store.contract import UPSTREAM, failed_checks
+from zarrfeed.store.contract import UPSTREAM, StoredAsset, failed_checks, mixed_builds
 from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
@@ -672,22 +672,28 @@ class ZarrStore:
         name: str,
         assets: list[str],
         withheld: Mapping[str, list[str]] | None = None,
+        lineage: Sequence[StoredAsset] = (),
         **extra: Any,
     ) -> dict[str, Any]:
         """The manifest of a dataset made of several assets: the keys committed in all of
-        them whose partitions passed every blocking check.
+        them whose partitions passed every blocking check and make one sample.
 
         Keys present in only some assets (a partition still building, or one that failed to
         build) are listed as ``incomplete``, keys with a partition that failed a check as
         ``failed``; both are left out, so readers never meet half a sample or bad data.
         ``withheld`` (key → reasons) leaves out committed keys whose data is sound but whose
         source is in doubt (two raw items now claim the key), listed under ``failed`` too.
+        ``lineage``: the stored assets whose dependencies a key's partitions must agree on
+        (:func:`~zarrfeed.store.contract.mixed_builds`); a key that mixes two builds of a
+        stage is left out under ``failed``, naming the stage to build again.
         Partitions carry what reading needs (key, version, arrays, bytes), not their
         provenance: training parses this manifest at start, 50,000 partitions of four assets
         at a time; provenance is in the commit records and the asset manifests.
         """
         held = {k: list(v) for k, v in (withheld or {}).items()}
-        rows = self._updated_rows(name, assets, held) or self._full_rows(assets, held)
+        rows = self._updated_rows(name, assets, held, lineage) or self._full_rows(
+            assets, held, lineage
+        )
         data, manifest = rows.manifest(name, self.url, extra, _json_default)
         self.backend.write_atomic(self._meta("manifests", f"{check_asset(name)}.json"), data)
         with suppress(ZarrfeedError, OSError):  # older rows only mean more records to read
@@ -697,7 +703,9 @@ class ZarrStore:
     def _rows_path(self, name: str) -> str:
         return self._meta("manifests", f"{check_asset(name)}.rows")
 
-    def _full_rows(self, assets: list[str], withheld: dict[str, list[str]]) -> Rows:
+    def _full_rows(
+        self, assets: list[str], withheld: dict[str, list[str]], lineage: Sequence[StoredAsset]
+    ) -> Rows:
         """:meth:`write_dataset`'s rows from every asset's record summaries."""
         found = {a: self._summaries(a) for a in assets}
         records = {a: out for a, (out, _) in found.items()}
@@ -709,6 +717,10 @@ class ZarrStore:
                 bad = failed_checks(out[k])
                 if bad:
                     rows.failed.setdefault(k, []).extend(f"{a}:{n}" for n in bad)
+        for k in candidates if lineage else ():
+            mixed = mixed_builds(lineage, {a: records[a][k] for a in assets})
+            if mixed:
+                rows.failed.setdefault(k, []).extend(mixed)
         for k, reasons in withheld.items():
             if k in candidates:
                 rows.failed.setdefault(k, []).extend(reasons)
@@ -721,7 +733,11 @@ class ZarrStore:
         return rows
 
     def _updated_rows(
-        self, name: str, assets: list[str], withheld: dict[str, list[str]]
+        self,
+        name: str,
+        assets: list[str],
+        withheld: dict[str, list[str]],
+        lineage: Sequence[StoredAsset],
     ) -> Rows | None:
         """The previous rows of dataset ``name`` with the keys its assets' change logs name
         since then read again (a key withheld or released counts as changed); None when
@@ -752,6 +768,7 @@ class ZarrStore:
                     rows.incomplete.add(k)
                 continue
             bad = [f"{a}:{n}" for a in assets for n in failed_checks(fresh[a][k])]
+            bad += mixed_builds(lineage, {a: fresh[a][k] for a in assets})
             if bad or k in withheld:
                 rows.failed[k] = bad + withheld.get(k, [])
                 continue
