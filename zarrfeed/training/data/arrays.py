@@ -121,20 +121,22 @@ class SharedArrayCache:
         with attach_lock():
             if self._pid != os.getpid():
                 return
-            for fd in self._fds:
-                os.close(fd)
-            self._dir.close()
+            self._release()
             self._reset_local()
 
     def __del__(self) -> None:
         # Dropped without close() (a dataset gone out of scope): its descriptors go, and its
-        # hold on the folder, which would keep any sweep from removing it.
+        # hold on the folder, which would keep any sweep from removing it.  Not through
+        # close(): the collector may run this inside attach_lock.
         with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
             if self._pid == os.getpid():
-                for fd in self._fds:
-                    os.close(fd)
-                self._fds = {}
-                self._dir.close()
+                self._release()
+
+    def _release(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = {}
+        self._dir.close()
 
     def _fd(self) -> int:
         """This thread's own open of the locks file (locks are per open, see locks.py)."""
