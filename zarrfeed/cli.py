@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from zarrfeed.commands import (
     benchmark_loader,
     cache,
+    datasets,
     demo,
     hub,
     inspect,
@@ -29,13 +30,17 @@ examples:
   zarrfeed verify                               re-check every partition (exit 1 unless all ok)
   zarrfeed partitions remove ct train_9_z_9     drop a partition that has no raw source
   zarrfeed train --config configs/ct_classifier.yaml
+  zarrfeed datasets list                        dataset versions kept, and models trained on each
+  zarrfeed train --task ct_classifier --dataset-version ID   train on exactly that version
   zarrfeed sample-data data/raw --with-faults   sample data plus CT sources that must fail
 
 Store and instance default to ZARRFEED_STORE (else data/zarrfeed.zarr) and DAGSTER_HOME
 (else .dagster_home); `zarrfeed COMMAND --help` shows each command's options.
 """
 # One module per subcommand (zarrfeed/commands/), each adding its parser.
-COMMANDS = (sample_data, demo, hub, benchmark_loader, cache, inspect, verify, status, partitions)
+COMMANDS = (
+    sample_data, demo, hub, benchmark_loader, cache, inspect, verify, status, partitions, datasets
+)  # fmt: skip
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

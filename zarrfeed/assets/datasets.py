@@ -1,13 +1,14 @@
 """One dataset manifest per family (unpartitioned): the complete, checked samples training
 consumes, with the tables the family declares.
 
-A manifest's data version is a digest of its keys, the committed version of each of their
-partitions and its extra tables, so it changes exactly when what training would read does;
-manifests refresh, and models retrain, only on a changed data version
-(:data:`zarrfeed.assets.conditions.ON_NEW_DATA`), never because a run reused every partition.
+A manifest's data version is its dataset version's id (:mod:`zarrfeed.store.snapshots`),
+which carries a digest of its keys, the version of each of their partitions and its tables,
+so it changes exactly when what training would read does; manifests refresh, and models
+retrain, only on a changed data version (:data:`zarrfeed.assets.conditions.ON_NEW_DATA`),
+never because a run reused every partition.  A model reads the version whose id Dagster
+recorded, so its lineage names exactly the data it read.
 """
 
-import hashlib
 import json
 from datetime import timedelta
 from typing import Any
@@ -25,17 +26,6 @@ from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 FRESHNESS = dg.FreshnessPolicy.time_window(
     fail_window=timedelta(hours=48), warn_window=timedelta(hours=26)
 )
-
-
-def data_version(manifest: dict[str, Any], extra: dict[str, Any]) -> str:
-    """What training would read: every key's committed partition version in every asset,
-    and the extra tables' facts."""
-    versions = {
-        asset: [[p["key"], p["version"]] for p in m["partitions"]]
-        for asset, m in manifest["assets"].items()
-    }
-    blob = json.dumps([manifest["keys"], versions, extra], sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def conflicts(zarr_store: ZarrStoreResource, family: Family) -> dict[str, list[str]]:
@@ -82,20 +72,25 @@ def dataset_asset(family: Family) -> dg.AssetsDefinition:
     def _dataset(zarr_store: ZarrStoreResource, raw: RawFolderResource) -> dg.MaterializeResult:
         store = zarr_store.store()
         paths = [a.path for a in family.assets]
-        manifest = store.write_dataset(
+        plan = store.plan_dataset(
             family.name, paths, conflicts(zarr_store, family), lineage=family.assets
         )
-        keys = manifest["keys"]
-        pinned = {a: [p["version"] for p in m["partitions"]] for a, m in manifest["assets"].items()}
+        keys = plan.keys
         consolidated: dict[str, Any] = {
             t.name: store.consolidate(
-                family.name, t.asset.path, keys, list(t.arrays), pinned[t.asset.path], table=t.name
+                family.name,
+                t.asset.path,
+                keys,
+                list(t.arrays),
+                plan.versions(t.asset.path),
+                table=t.name,
             )
             for t in family.tables
             if keys
         }
         for extra in family.extras if keys else ():
-            consolidated |= extra.write(store, raw.root, keys, family.dataset_path)
+            consolidated[extra.name] = extra.write(store, raw.root, keys, family.dataset_path)
+        manifest = store.publish_dataset(plan, consolidated, zarr_store.retention())
         mixed = {
             f"{a}/{n}": arr["dtypes"]
             for a, m in manifest["assets"].items()
@@ -112,9 +107,10 @@ def dataset_asset(family: Family) -> dg.AssetsDefinition:
             for n, arr in m["arrays"].items()
         ]
         return dg.MaterializeResult(
-            data_version=dg.DataVersion(data_version(manifest, consolidated)),
+            data_version=dg.DataVersion(manifest["id"]),
             metadata={
                 "dagster/uri": dg.MetadataValue.path(store.manifest_url(family.name)),
+                "dataset_version": manifest["id"],
                 "dagster/row_count": len(keys),
                 "left_out": table(["key", "why"], [[k, ", ".join(v)] for k, v in left_out.items()])
                 if left_out

@@ -22,6 +22,7 @@ from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.torchrun import TorchrunResource
 from zarrfeed.resources import ModelsResource, ZarrStoreResource
+from zarrfeed.store.snapshots import is_id
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.tasks import LEARNED, LEARNED_DOC, TASK_TYPES, model_asset_name
 
@@ -79,9 +80,19 @@ def model_asset(task: str) -> dg.AssetsDefinition:
         torchrun: TorchrunResource,
     ):
         run = context.run
+        # The dataset version Dagster knows as the latest (its data version is the version's
+        # id): the model reads exactly it, so the input data version Dagster records is
+        # what it trained on, even when a dataset build moved the store on meanwhile.
+        record = context.instance.get_latest_data_version_record(dataset)
+        event = record.asset_materialization if record else None
+        version = event.tags.get("dagster/data_version") if event else None
+        data = config.model_dump().get("data", {})
+        if is_id(version) and not data.get("dataset_version"):
+            data = {**data, "dataset_version": version}
         settings = TrainConfig.model_validate(
             {
                 **config.model_dump(),
+                "data": data,
                 "task": task,
                 "store": zarr_store.url,
                 "out": models.root,
@@ -89,10 +100,8 @@ def model_asset(task: str) -> dg.AssetsDefinition:
                 "run_name": run.root_run_id or run.run_id,
             }
         )
-        record = context.instance.get_latest_data_version_record(dataset)
-        event = record.asset_materialization if record else None
-        version = event.tags.get("dagster/data_version") if event else None
-        trained_on = {"data_versions": {dataset.to_user_string(): version}}
+        read = data.get("dataset_version") or version
+        trained_on = {"data_versions": {dataset.to_user_string(): read}}
         yield from torchrun.train(context, settings, {"trained_on": trained_on}).get_results()
 
     return _model

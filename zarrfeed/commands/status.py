@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfeed.commands.options import existing_store, families, reader_options
-from zarrfeed.commands.output import print_json, print_table
+from zarrfeed.commands.output import human_bytes, print_json, print_table
 from zarrfeed.errors import root_cause
 from zarrfeed.families import Family
 from zarrfeed.store.contract import failed_checks
@@ -189,6 +189,9 @@ def main(args: argparse.Namespace) -> int:
                 family, store, resource.catalog(family.name), component.values(), keys, states
             )
             counts = {"family": family.name, "partitions": total}
+            versions = store.dataset_versions(family.name)
+            counts["dataset_versions"] = len(versions)
+            counts["retained_bytes"] = sum(v["retained_bytes"] for v in versions)
             for e in found:
                 counts[e.state] = counts.get(e.state, 0) + len(e.keys)
             summary.append(counts)
@@ -202,9 +205,22 @@ def main(args: argparse.Namespace) -> int:
         return 1 if entries else 0
     where = f"instance {home}" if home else "no Dagster instance (partitions from the catalog)"
     print_table(
-        ["family", "partitions", *STATES],
-        [[s["family"], s["partitions"], *(s.get(k, 0) for k in STATES)] for s in summary],
+        ["family", "partitions", *STATES, "versions", "retained"],
+        [
+            [
+                s["family"],
+                s["partitions"],
+                *(s.get(k, 0) for k in STATES),
+                s["dataset_versions"],
+                human_bytes(s["retained_bytes"]),
+            ]
+            for s in summary
+        ],
         title=f"store {store.url}; {where}",
+        notes=[
+            "versions: dataset versions kept readable; retained: bytes only they hold "
+            "(`zarrfeed datasets list`)"
+        ],
     )
     if entries:
         print_table(

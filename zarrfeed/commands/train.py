@@ -26,7 +26,7 @@ from zarrfeed.training.config import TrainConfig
 FLAGS = (
     "task", "store", "out", "run_name", "seed", "resume", "resume_anyway",
     "train.steps", "train.batch_size", "train.accumulate", "train.lr", "train.amp",
-    "train.device", "dataloader.workers", "data.cache_gb",
+    "train.device", "dataloader.workers", "data.cache_gb", "data.dataset_version",
 )  # fmt: skip
 
 

@@ -54,14 +54,17 @@ train = dg.define_asset_job(
 )
 
 
-@dg.op(description="Remove store versions no commit names that are older than the grace period.")
+@dg.op(
+    description="Remove what nothing retains: partition versions no commit, retained dataset "
+    "version or live reader names, dataset versions past retention, dead writers' leftovers."
+)
 def collect_garbage(context: dg.OpExecutionContext, zarr_store: ZarrStoreResource) -> None:
-    removed = zarr_store.store().collect_garbage()
-    context.log.info(f"removed {removed} abandoned versions and temporary files")
+    context.log.info(zarr_store.store().collect().describe())
 
 
 @dg.job(
-    description="Tidy the store: versions left by crashed or interrupted writers.",
+    description="Tidy the store: versions nothing retains any more, and dataset versions "
+    "past their retention.",
     tags={"stage": "maintenance"},
 )
 def store_maintenance() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from zarrfeed import defaults
 from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.snapshots import Retention
 
 
 class ZarrStoreResource(dg.ConfigurableResource):
@@ -27,6 +29,10 @@ class ZarrStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
+    keep_versions: int = Field(
+        10, description="dataset versions kept readable: the last this many (current included)"
+    )
+    keep_days: float = Field(7.0, description="… and every dataset version younger than this")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """Tag the run with the host it executes on, so that the ``dead_runs`` sensor can
@@ -45,6 +51,11 @@ class ZarrStoreResource(dg.ConfigurableResource):
 
     def store(self) -> ZarrStore:
         return ZarrStore(self.url, storage_options=self.storage_options())
+
+    def retention(self) -> Retention:
+        """How long each dataset's superseded versions stay readable (time travel, and the
+        readers of a run that started on them)."""
+        return Retention(last=self.keep_versions, days=self.keep_days)
 
     def catalog(self, family: str) -> RawCatalog:
         """The raw-item catalog of ``family``, kept beside the data."""

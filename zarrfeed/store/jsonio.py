@@ -36,3 +36,16 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None) -> bytes:
         return orjson.dumps(obj, default=default)
     except TypeError:
         return json.dumps(obj, separators=(",", ":"), default=default).encode()
+
+
+def named(path: str, data: bytes) -> Any:
+    """The JSON document ``data`` read from ``path``; a damaged one is named."""
+    from zarrfeed.errors import StoreError
+
+    try:
+        return loads(data)
+    except ValueError as exc:  # json's and orjson's decode errors are ValueErrors
+        raise StoreError(
+            f"{path}: not a readable JSON document ({exc}); the file is damaged: rebuild "
+            "what it records"
+        ) from None

@@ -5,7 +5,9 @@ datasets/<name>/<table>/...                 a dataset's consolidated tables
 .zarrfeed/commits/<asset>/<key>.json        commit records
 .zarrfeed/changes/<asset>/                  the asset's log of commit intents (``changes``)
 .zarrfeed/indexes/<asset>.json              commit-record summaries
-.zarrfeed/manifests/<name>.json             dataset manifests training consumes
+.zarrfeed/manifests/<name>.json             a dataset's pointer: its current version and retention
+.zarrfeed/snapshots/<name>/<id>.json        dataset versions: immutable manifests (``snapshots``)
+.zarrfeed/leases/<lease>.json               live readers of a dataset version (``leases``)
 .zarrfeed/manifests/<name>.rows             the same as rows, for the next manifest (``rows``)
 .zarrfeed/catalog/<family>/                 the raw-item catalog, and the build queue
 """
@@ -28,6 +30,12 @@ def dataset_path(name: str) -> str:
 
 def manifest_path(name: str) -> str:
     return meta("manifests", f"{name}.json")
+
+
+def snapshot_path(name: str, snapshot: str | None = None) -> str:
+    """The folder of dataset ``name``'s versions, or version ``snapshot``'s manifest."""
+    folder = meta("snapshots", name)
+    return folder if snapshot is None else f"{folder}/{snapshot}.json"
 
 
 def catalog_path(family: str) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
+import xxhash
 
 import zarrfeed
 from zarrfeed.store import jsonio
@@ -85,6 +86,20 @@ class Rows:
         self.rows[key] = b"\t".join([key.encode(), *(jsonio.dumps(e) for e in entries)])
         for asset, entry in zip(self.assets, entries, strict=True):
             self._tally(asset, entry, 1)
+
+    def versions(self, asset: str) -> list[str]:
+        """The version of each key's partition of ``asset``, keys sorted."""
+        column = self.assets.index(asset) + 1
+        rows = (self.rows[k].split(b"\t")[column] for k in sorted(self.rows))
+        return [orjson.loads(entry)["version"] for entry in rows]
+
+    def digest(self, tables: dict[str, Any]) -> str:
+        """What training would read, as a hex digest: every key's partition versions (and
+        what the manifest lists of them), and the facts of the dataset's ``tables``."""
+        h = xxhash.xxh3_128(jsonio.dumps([self.assets, tables], default=str))
+        for key in sorted(self.rows):
+            h.update(self.rows[key] + b"\n")
+        return h.hexdigest()
 
     def _tally(self, asset: str, entry: dict[str, Any], sign: int) -> None:
         tally = self.tallies[asset]

@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,10 @@ from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
 from zarrfeed.store.contract import UPSTREAM, StoredAsset, failed_checks, mixed_builds
 from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
-from zarrfeed.store.layout import META, dataset_path, manifest_path
+from zarrfeed.store.layout import META, dataset_path, manifest_path, snapshot_path
+from zarrfeed.store.leases import Lease, live
 from zarrfeed.store.rows import Rows, asset_summary
+from zarrfeed.store.snapshots import Retention, Snapshots
 
 LAYOUT = 2
 # Change-log hours kept: a reader whose last look is older scans in full.
@@ -79,6 +82,25 @@ def version_time(name: str) -> float | None:
     if not m:
         return None
     return calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%S")) + int(m.group(2)) / 1000
+
+
+@dataclass
+class Collection:
+    """What :meth:`ZarrStore.collect` removed and kept."""
+
+    removed: int = 0
+    leases: int = 0  # live readers' leases
+    retained_versions: int = 0  # superseded partition versions a dataset version still names
+    kept: dict[str, str] = field(default_factory=dict)  # "<dataset>@<id>" -> why it is kept
+    expired: list[str] = field(default_factory=list)  # dataset versions past retention
+
+    def describe(self) -> str:
+        kept = "; ".join(f"{k} ({why})" for k, why in self.kept.items()) or "none"
+        return (
+            f"removed {self.removed} objects ({len(self.expired)} dataset versions past "
+            f"retention); kept {self.retained_versions} superseded partition versions for "
+            f"dataset versions {kept}; {self.leases} live readers"
+        )
 
 
 class PartitionWriter:
@@ -163,6 +185,7 @@ class ZarrStore:
         self._listings: dict[str, frozenset[str]] = {}  # version folder -> its objects
         self._groups: set[str] = set()
         self._changes: dict[str, ChangeLog] = {}
+        self.snapshots = Snapshots(self.backend, self.url)
 
     def __repr__(self) -> str:
         return f"ZarrStore({self.url!r})"
@@ -190,9 +213,11 @@ class ZarrStore:
         path = self.version_path(asset, key)
         return path if self.local else f"{self.url}{path[len(self.root) :]}"
 
-    def manifest_url(self, name: str) -> str:
-        """Where the manifest of dataset ``name`` is, to show to a person."""
-        return f"{self.url}/{manifest_path(check_asset(name))}"
+    def manifest_url(self, name: str, version: str | None = None) -> str:
+        """Where the manifest of version ``version`` of dataset ``name`` is (default: its
+        current version), to show to a person."""
+        version = version or (self.snapshots.pointer(check_asset(name)) or {}).get("id")
+        return f"{self.url}/{snapshot_path(name, version) if version else manifest_path(name)}"
 
     def _meta(self, *parts: str) -> str:
         return self.backend.join(META, *parts)
@@ -258,7 +283,6 @@ class ZarrStore:
         try:
             self._ensure_groups(asset, key)
             self.backend.persist(folder)  # the data is durable before the record names it
-            previous = self._committed_version(asset, key)
             noted = self.changes(asset).note(key, version)  # readers look at this key again
             _young_enough(asset, key, version)  # again: making it durable takes time too
         except BaseException:
@@ -271,11 +295,8 @@ class ZarrStore:
                 raise
         if now_ns() - noted > MARGIN_S / 2 * 1e9:  # landed late: readers may have moved on
             self.changes(asset).note(key, version)
-        # Committed.  Leftovers of a failed clean-up are collected later, never an error.
-        with suppress(ZarrfeedError, OSError):
-            if previous and previous != version:
-                self.remove_version(f"{self.path(asset, key)}/{previous}")
-            self._sweep(asset, key, keep=version)
+        # Committed.  The version it replaced stays: a dataset version or a live reader may
+        # name it, and collect_garbage removes it once nothing does.
 
     def _settle(self, asset: str, key: str, version: str) -> bool:
         """Whether a record write that raised committed ``version`` after all; the version
@@ -294,7 +315,7 @@ class ZarrStore:
             data = self.backend.read(path)
         except FileNotFoundError:
             return None
-        return _parsed(path, data).get("version")
+        return jsonio.named(path, data).get("version")
 
     def _ensure_groups(self, asset: str, key: str) -> None:
         """Group metadata for the root, each asset level and the partition folder, so the
@@ -318,36 +339,65 @@ class ZarrStore:
         self.backend.remove(f"{folder}/zarr.json")
         self.backend.remove_tree(folder)
 
-    def _sweep(self, asset: str, key: str, keep: str | None, older_than_s: float = -1) -> int:
-        """Remove the versions of one partition other than ``keep`` that are older than the
-        grace period (writers still at work are younger)."""
-        grace = VERSION_GRACE_S if older_than_s < 0 else older_than_s
-        folder, now, removed = self.path(asset, key), time.time(), 0
-        for name in self.backend.list_dir(folder):
-            born = version_time(name)
-            if born is not None and name != keep and now - born >= grace:
-                self.remove_version(f"{folder}/{name}")
-                removed += 1
-        return removed
-
     def delete_partition(self, asset: str, key: str) -> None:
-        """Un-commit a partition (its record goes first), then remove its versions."""
+        """Un-commit a partition; its versions stay while a dataset version or a live reader
+        names them, and :meth:`collect_garbage` removes them after."""
         self.changes(asset).note(key, DELETED)
         self.backend.remove(self._record_path(asset, key))
-        self._sweep(asset, key, keep=None, older_than_s=0)
 
     def collect_garbage(self, older_than_s: float = VERSION_GRACE_S) -> int:
-        """Remove every version that no commit record names and that is older than
-        ``older_than_s`` (crashed or interrupted writers), and the hours of the change logs
-        older than :data:`CHANGES_KEPT_S`; returns how many."""
-        removed = 0
-        for asset, key in self._partition_folders():
-            keep = self._committed_version(asset, key)
-            removed += self._sweep(asset, key, keep=keep, older_than_s=older_than_s)
+        """:meth:`collect`, returning how many objects it removed."""
+        return self.collect(older_than_s).removed
+
+    def collect(self, older_than_s: float = VERSION_GRACE_S) -> Collection:
+        """Remove what nothing retains: versions no commit record, retained dataset version
+        or live reader's lease names, older than ``older_than_s`` (a writer at work is
+        younger); dataset versions past their retention; change-log hours older than
+        :data:`CHANGES_KEPT_S`; temporaries of dead writers.  Returns what it removed and
+        what it kept, and why."""
+        now = time.time()
+        leases = live(self.backend, now)
+        leased = {(lease["dataset"], lease["snapshot"]) for lease in leases}
+        report = Collection(leases=len(leases))
+        protected: dict[str, set[str]] = {}
+        window = min(older_than_s, MARGIN_S)
+        for name in self.snapshots.datasets():
+            mine = {s for d, s in leased if d == name}
+            why, expired = self.snapshots.retained(name, now, mine, window)
+            for snapshot in expired:
+                self.snapshots.remove(name, snapshot)
+                report.removed += 1
+                report.expired.append(f"{name}@{snapshot}")
+            for snapshot, reason in why.items():
+                try:
+                    manifest = self.snapshots.read(name, snapshot)
+                except StoreError:
+                    continue  # removed meanwhile by another collector
+                report.kept[f"{name}@{snapshot}"] = reason
+                for path, versions in pinned_versions(manifest).items():
+                    protected.setdefault(path, set()).update(versions)
+        for asset, keys in self._version_folders():
+            committed = {k: s["version"] for k, s in self.record_summaries(asset).items()}
+            keep = protected.get(asset, set())
+            for key, names in keys.items():
+                gone = [
+                    n for n in names
+                    if n != committed.get(key) and n not in keep
+                    and now - (version_time(n) or now) >= older_than_s
+                ]  # fmt: skip
+                if gone and self._committed_version(asset, key) in gone:
+                    gone.remove(self._committed_version(asset, key))  # committed meanwhile
+                for name in gone:
+                    self.remove_version(f"{self.path(asset, key)}/{name}")
+                report.removed += len(gone)
+                report.retained_versions += sum(
+                    1 for n in names if n in keep and n != committed.get(key)
+                )
         cutoff = now_ns() - int(CHANGES_KEPT_S * 1e9)
         for asset in self._logged_assets():
-            removed += self.changes(asset).compact(cutoff)
-        return removed + self._collect_temporaries(self._meta(), older_than_s)
+            report.removed += self.changes(asset).compact(cutoff)
+        report.removed += self._collect_temporaries(self._meta(), older_than_s)
+        return report
 
     def _logged_assets(self, prefix: str = "") -> Iterator[str]:
         """Every asset with a change log."""
@@ -374,20 +424,22 @@ class ZarrStore:
                 removed += 1
         return removed
 
-    def _partition_folders(self, prefix: str = "") -> Iterator[tuple[str, str]]:
-        """(asset, key) of every folder holding versions, committed or not."""
+    def _version_folders(self, prefix: str = "") -> Iterator[tuple[str, dict[str, list[str]]]]:
+        """(asset, key → its version names) of every asset with versions, committed or not."""
         folder = self.backend.join(prefix) if prefix else self.root
+        found: dict[str, list[str]] = {}
         for name in self.backend.list_dir(folder):
             if name in (META, "zarr.json") or version_time(name) is not None:
                 continue
             sub = f"{prefix}/{name}" if prefix else name
             children = self.backend.list_dir(self.backend.join(sub))
-            if any(version_time(c) is not None for c in children):
-                asset, _, key = sub.rpartition("/")
-                if asset:
-                    yield asset, key
+            versions = [c for c in children if version_time(c) is not None]
+            if versions and prefix:
+                found[name] = versions
             elif children:
-                yield from self._partition_folders(sub)
+                yield from self._version_folders(sub)
+        if found:
+            yield prefix, found
 
     # reading -----------------------------------------------------------------------------
     def list_partitions(self, asset: str) -> list[str]:
@@ -405,7 +457,7 @@ class ZarrStore:
             data = self.backend.read(path)
         except FileNotFoundError:
             raise StoreError(f"no committed partition {key!r} of {asset!r} in {self.url}") from None
-        record = _parsed(path, data)
+        record = jsonio.named(path, data)
         if "version" not in record:
             raise StoreError(
                 f"partition {asset}/{key} of {self.url} was written by an older zarrfeed "
@@ -419,7 +471,7 @@ class ZarrStore:
         paths = [self._record_path(asset, k) for k in keys]
         found = self.backend.read_many(paths)
         return {
-            k: None if b is None else _parsed(p, b)
+            k: None if b is None else jsonio.named(p, b)
             for k, p, b in zip(keys, paths, found, strict=True)
         }
 
@@ -543,7 +595,8 @@ class ZarrStore:
         if version is not None and not self.backend.exists(f"{folder}/zarr.json"):
             raise StoreError(
                 f"version {version} of partition {asset}/{key} is gone from {self.url}: it was "
-                "rebuilt after the manifest was written; rebuild the dataset manifest"
+                "rebuilt or deleted and then collected, as no retained dataset version or live "
+                "reader named it"
             )
         return zarr.open_group(self.backend.zarr_store(folder, read_only=True), mode="r")
 
@@ -639,15 +692,18 @@ class ZarrStore:
         return self.chunked(asset, key, name, version).read()
 
     def read_partition(
-        self, asset: str, key: str, names: list[str]
+        self, asset: str, key: str, names: list[str], version: str | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Arrays ``names`` of the committed version of a partition, all from that one
-        version, and its attributes.  Read through the version's guard: a rebuild that
-        replaces the version meanwhile fails the read loudly, where a Zarr group opened
-        before it would read the removed chunks as fill values."""
-        record = self.commit_record(asset, key)
-        version = record["version"]
-        return {n: self.read_array(asset, key, n, version) for n in names}, record["attrs"]
+        """Arrays ``names`` of the committed version of a partition (or of ``version``), all
+        from that one version, and its attributes.  Read through the version's guard: a
+        version removed meanwhile fails the read loudly, where a Zarr group opened before
+        it would read the removed chunks as fill values."""
+        if version is None:
+            record = self.commit_record(asset, key)
+            version, attrs = record["version"], record["attrs"]
+        else:
+            attrs = dict(self.open_partition(asset, key, version).attrs)
+        return {n: self.read_array(asset, key, n, version) for n in names}, attrs
 
     # manifests ---------------------------------------------------------------------------
     def build_manifest(
@@ -666,7 +722,6 @@ class ZarrStore:
             raise StoreError(f"no committed partitions {missing[:5]} of {asset!r} in {self.url}")
         return _manifest(asset, self.url, [found[k] for k in keys], extra)
 
-    @gc_paused()  # 200,000 summaries and manifest entries, none of them garbage
     def write_dataset(
         self,
         name: str,
@@ -675,8 +730,19 @@ class ZarrStore:
         lineage: Sequence[StoredAsset] = (),
         **extra: Any,
     ) -> dict[str, Any]:
-        """The manifest of a dataset made of several assets: the keys committed in all of
-        them whose partitions passed every blocking check and make one sample.
+        """:meth:`plan_dataset` and :meth:`publish_dataset`, for a dataset without tables."""
+        return self.publish_dataset(self.plan_dataset(name, assets, withheld, lineage), **extra)
+
+    @gc_paused()  # 200,000 summaries and manifest entries, none of them garbage
+    def plan_dataset(
+        self,
+        name: str,
+        assets: list[str],
+        withheld: Mapping[str, list[str]] | None = None,
+        lineage: Sequence[StoredAsset] = (),
+    ) -> DatasetPlan:
+        """The next version of dataset ``name``, not yet visible: the keys committed in all
+        of ``assets`` whose partitions passed every blocking check and make one sample.
 
         Keys present in only some assets (a partition still building, or one that failed to
         build) are listed as ``incomplete``, keys with a partition that failed a check as
@@ -686,16 +752,45 @@ class ZarrStore:
         ``lineage``: the stored assets whose dependencies a key's partitions must agree on
         (:func:`~zarrfeed.store.contract.mixed_builds`); a key that mixes two builds of a
         stage is left out under ``failed``, naming the stage to build again.
-        Partitions carry what reading needs (key, version, arrays, bytes), not their
-        provenance: training parses this manifest at start, 50,000 partitions of four assets
-        at a time; provenance is in the commit records and the asset manifests.
+        The plan's keys and pinned versions are what the dataset's tables are built from
+        before :meth:`publish_dataset` makes it the current version.
         """
         held = {k: list(v) for k, v in (withheld or {}).items()}
         rows = self._updated_rows(name, assets, held, lineage) or self._full_rows(
             assets, held, lineage
         )
-        data, manifest = rows.manifest(name, self.url, extra, _json_default)
-        self.backend.write_atomic(self._meta("manifests", f"{check_asset(name)}.json"), data)
+        return DatasetPlan(name, rows)
+
+    @gc_paused()
+    def publish_dataset(
+        self,
+        plan: DatasetPlan,
+        tables: Mapping[str, Any] | None = None,
+        retention: Retention | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Make ``plan`` the current version of its dataset, with ``tables`` (table name →
+        its facts: partitions of ``layout.dataset_path(name)`` written for the plan) pinned
+        at their committed versions; returns the manifest, with its ``id``.
+
+        A version is a snapshot (:mod:`zarrfeed.store.snapshots`): it names exact partition
+        and table versions, and whatever opens it reads those until it closes, while
+        partitions are rebuilt, deleted or collected.  A plan with the same content as the
+        current version keeps its id.  Partitions carry what reading needs (key, version,
+        arrays, bytes), not their provenance: training parses this manifest at start,
+        50,000 partitions of four assets at a time; provenance is in the commit records.
+        """
+        name, rows, facts = plan.name, plan.rows, dict(tables or {})
+        records = self.commit_records(dataset_path(name), sorted(facts)) if facts else {}
+        pins = {t: r["version"] for t, r in records.items() if r is not None}
+        digest = rows.digest(facts)
+        extra = {k: v for k, v in extra.items() if k not in ("id", "created_unix", "tables")}
+
+        def write(head: dict[str, Any]) -> bytes:
+            return rows.manifest(name, self.url, {**extra, **head}, _json_default)[0]
+
+        head = self.snapshots.publish(name, digest, {}, pins, retention or Retention(), write)
+        manifest = rows.manifest(name, self.url, {**extra, **head}, _json_default)[1]
         with suppress(ZarrfeedError, OSError):  # older rows only mean more records to read
             self.backend.write_atomic(self._rows_path(name), rows.dumps(self.url))
         return manifest
@@ -849,18 +944,85 @@ class ZarrStore:
         rows = int(record["arrays"][arrays[0]]["shape"][0]) if arrays else 0
         return dict(zip(attrs["keys"], attrs["versions"], strict=True)), record["version"], rows
 
-    def _write_manifest(self, name: str, manifest: dict[str, Any]) -> None:
-        # Compact: the manifest of 50,000 partitions of four assets is 100 MB.
-        data = jsonio.dumps(manifest, default=_json_default)
-        self.backend.write_atomic(self._meta("manifests", f"{check_asset(name)}.json"), data)
+    def read_manifest(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The manifest of version ``version`` of dataset ``name`` (default: its current
+        version); a version past retention fails naming it and the retention."""
+        return self.snapshots.read(check_asset(name), version)
 
-    def read_manifest(self, asset: str) -> dict[str, Any]:
-        path = self._meta("manifests", f"{check_asset(asset)}.json")
-        try:
-            data = self.backend.read(path)
-        except FileNotFoundError:
-            raise StoreError(f"no manifest for {asset!r} in {self.url}; build it first") from None
-        return _parsed(path, data)
+    def open_dataset(
+        self, name: str, version: str | None = None
+    ) -> tuple[dict[str, Any], Lease | None]:
+        """The manifest of a dataset version and a lease that keeps it from collection until
+        released (None for a manifest written before datasets had versions).  The lease is
+        taken right after the manifest is read, within the window collection keeps a
+        just-superseded version for; if it came late, the version is checked again."""
+        begun = time.time()
+        manifest = self.read_manifest(name, version)
+        if manifest.get("id") is None:
+            return manifest, None
+        lease = Lease(self.backend, name, manifest["id"])
+        if time.time() - begun > MARGIN_S / 2 and not self.backend.exists(
+            self.backend.join(snapshot_path(name, manifest["id"]))
+        ):
+            lease.release()
+            raise StoreError(f"version {manifest['id']} of dataset {name!r} was collected "
+                             "while being opened: open it again")  # fmt: skip
+        return manifest, lease
+
+    def dataset_versions(self, name: str) -> list[dict[str, Any]]:
+        """Every stored version of dataset ``name``, oldest first: id, created, keys, the
+        bytes its partitions hold, and the bytes no other version or commit holds."""
+        committed: dict[str, set[str]] = {}
+        out, seen = [], set()
+        pointer = self.snapshots.pointer(name) or {}
+        for snapshot in self.snapshots.ids(name):
+            try:
+                manifest = self.read_manifest(name, snapshot)
+            except StoreError:
+                continue  # collected meanwhile
+            stored = retained = 0
+            for path, asset in manifest["assets"].items():
+                if path not in committed:
+                    found = self.record_summaries(path)
+                    committed[path] = {s["version"] for s in found.values()}
+                for p in asset["partitions"]:
+                    stored += p["stored_bytes"]
+                    if p["version"] not in committed[path] and (path, p["version"]) not in seen:
+                        retained += p["stored_bytes"]
+                        seen.add((path, p["version"]))
+            out.append({
+                "id": snapshot,
+                "created_unix": manifest.get("created_unix"),
+                "keys": len(manifest["keys"]),
+                "stored_bytes": stored,
+                "retained_bytes": retained,
+                "current": snapshot == pointer.get("id"),
+            })  # fmt: skip
+        return out
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """The next version of a dataset before it is published (:meth:`ZarrStore.plan_dataset`)."""
+
+    name: str
+    rows: Rows
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(self.rows.rows)
+
+    def versions(self, asset: str) -> list[str]:
+        """The version of each key's partition of ``asset``, in the order of :attr:`keys`."""
+        return self.rows.versions(asset)
+
+
+def pinned_versions(manifest: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Store path → the versions a dataset manifest names (its partitions and tables)."""
+    out = {path: {p["version"] for p in a["partitions"]} for path, a in manifest["assets"].items()}
+    tables = dataset_path(manifest["dataset"])
+    out.setdefault(tables, set()).update((manifest.get("tables") or {}).values())
+    return out
 
 
 def _young_enough(asset: str, key: str, version: str) -> None:
@@ -875,17 +1037,6 @@ def _young_enough(asset: str, key: str, version: str) -> None:
             f"{VERSION_GRACE_S:.0f} s after which unnamed versions are collected; nothing "
             "was committed: rerun it, or raise zarrstore.VERSION_GRACE_S"
         )
-
-
-def _parsed(path: str, data: bytes) -> Any:
-    """The JSON document ``data`` read from ``path``; a damaged one is named."""
-    try:
-        return jsonio.loads(data)
-    except ValueError as exc:  # json's and orjson's decode errors are ValueErrors
-        raise StoreError(
-            f"{path}: not a readable JSON document ({exc}); the file is damaged: rebuild "
-            "what it records"
-        ) from None
 
 
 PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")

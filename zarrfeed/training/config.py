@@ -51,6 +51,11 @@ class DataConfig(Section):
         1.0, description="GB of RAM for decoded arrays, one copy shared by all workers"
     )
     eval_batches: int = Field(4, description="fixed batches scored before and after training")
+    dataset_version: str | None = Field(
+        None,
+        description="the dataset version to read (`zarrfeed datasets list`); default: the "
+        "current one, recorded in the run",
+    )
 
 
 class LoaderConfig(Section):

@@ -127,6 +127,7 @@ class CTClassification(Task):
             d.patch,
             cache_gb=d.cache_gb,
             seed=self.config.seed,
+            dataset_version=d.dataset_version,
             patch_sampler=d.patch_sampler,
         )
         if ds.labels is None:
@@ -193,6 +194,7 @@ class SparseAutoencoder(Task):
             max_points=d.max_points,
             cache_gb=d.cache_gb,
             seed=self.config.seed,
+            dataset_version=d.dataset_version,
         )
         grid = ds.pinned_attrs(ds.asset, [0])[0]["params"]["sparse_grid"]
         if not grid:
@@ -256,6 +258,7 @@ class SpikeDeblurring(Task):
             d.voxels,
             cache_gb=d.cache_gb,
             seed=self.config.seed,
+            dataset_version=d.dataset_version,
         )
         attrs = ds.pinned_attrs(SPIKE_VOXELS.path, [0])[0]
         frames, bins = attrs["frames"], attrs["params"]["bins"]
@@ -298,7 +301,11 @@ class DefectSegmentation(Task):
 
         d = self.config.data
         return ImagePatchDataset(
-            self.config.store, d.defects, cache_gb=d.cache_gb, seed=self.config.seed
+            self.config.store,
+            d.defects,
+            cache_gb=d.cache_gb,
+            seed=self.config.seed,
+            dataset_version=d.dataset_version,
         )
 
     def model(self, dataset: Dataset) -> nn.Module:

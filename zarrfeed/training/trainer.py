@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import itertools
 import json
 import math
@@ -39,11 +38,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from zarrfeed.errors import ConfigError
+from zarrfeed.store import ZarrStore
 from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
 from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.report import EventLog, loss_curve_png
 from zarrfeed.training.tasks import PerClass, Task, make_task
+
+VERSION_BYTES = 64  # a dataset version id, as ranks agree on it
 
 Progress = Callable[[int, int], None]  # (steps done, steps in all), once per step
 
@@ -109,13 +111,12 @@ def make_optimizer(
 
 
 def data_fingerprint(dataset: Dataset) -> dict[str, Any]:
-    """What the model trained on: the dataset manifest's hash and its partitions."""
-    manifest = dataset.store.read_manifest(dataset.dataset)
-    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+    """What the model trained on: the dataset version it read (its id names the partitions'
+    exact versions, readable again while retained) and its partitions."""
     return {
         "dataset": dataset.dataset,
-        "manifest_sha256": digest,
-        "partitions": len(manifest["keys"]),
+        "dataset_version": dataset.dataset_version,
+        "partitions": len(dataset.keys),
     }
 
 
@@ -336,13 +337,17 @@ class Trainer:
         return {k: None if v is None else round(v, 6) for k, v in {**totals, **pooled}.items()}
 
     def _eval_batches(self, dataset: Dataset) -> list[Any]:
-        """``eval_batches`` batches spread over the dataset, the same in every run."""
+        """``eval_batches`` batches spread over the dataset, the same in every run (the
+        dataset is closed after: the batches are all that is kept of it)."""
         collate, b = self.task.collate(dataset), self.config.train.batch_size
         count = min(self.config.data.eval_batches, len(dataset) // b)
         picks = np.linspace(0, len(dataset) - 1, count * b).astype(int)
-        return [
-            collate([dataset[int(i)] for i in picks[j * b : (j + 1) * b]]) for j in range(count)
-        ]
+        try:
+            return [
+                collate([dataset[int(i)] for i in picks[j * b : (j + 1) * b]]) for j in range(count)
+            ]
+        finally:
+            dataset.close()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -471,6 +476,7 @@ class Trainer:
     def _fit(self) -> TrainResult:
         c, t = self.config, self.config.train
         torch.manual_seed(c.seed)
+        self._pin_dataset_version()
         dataset = self.task.dataset()
         if len(dataset) < t.batch_size * self.env.world:
             raise ConfigError(
@@ -484,6 +490,24 @@ class Trainer:
             return self._train(dataset, feed)
         finally:
             feed.close()
+            dataset.close()
+
+    def _pin_dataset_version(self) -> None:
+        """Every rank, and the training and evaluation datasets, read one dataset version:
+        the configured one, or else the current one when the run starts (rank 0's)."""
+        data = self.task.config.data
+        if data.dataset_version is not None:
+            return
+        name = self.task.family.name
+        found = bytearray(VERSION_BYTES)
+        if self.env.main:
+            pointer = ZarrStore(self.config.store).snapshots.pointer(name) or {}
+            found[: len(pointer.get("id") or "")] = (pointer.get("id") or "").encode()
+        if self.env.world > 1:
+            shared = torch.frombuffer(found, dtype=torch.uint8).to(self.device)
+            dist.broadcast(shared, src=0)
+            found = bytearray(shared.cpu().numpy().tobytes())
+        data.dataset_version = found.rstrip(b"\0").decode() or None
 
     def _train(self, dataset: Dataset, feed: Feed) -> TrainResult:
         """The training loop.  It never waits for the device between log steps: losses stay

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import weakref
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
@@ -99,6 +100,7 @@ class StoreDataset(Dataset):
         cache_gb: float = 2.0,
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        dataset_version: str | None = None,
     ) -> None:
         if isinstance(store, ZarrStore):
             self.url = store.url
@@ -123,12 +125,14 @@ class StoreDataset(Dataset):
             f"build it with `zarrfeed demo`, or `dg launch -m zarrfeed.definitions --job "
             f"datasets_build` once the {self.dataset} partitions are built (`zarrfeed status`)"
         )
-        try:
-            manifest = self.store.read_manifest(self.dataset)
-        except StoreError:
-            raise StoreError(
-                f"{self.url} has no {self.dataset}_dataset manifest yet: {build}"
-            ) from None
+        if dataset_version is None and self.store.snapshots.pointer(self.dataset) is None:
+            raise StoreError(f"{self.url} has no {self.dataset}_dataset manifest yet: {build}")
+        manifest, lease = self.store.open_dataset(self.dataset, dataset_version)
+        self._lease = lease
+        if lease is not None:  # released when the dataset goes, at the latest
+            weakref.finalize(self, lease.release)
+        self.dataset_version: str | None = manifest.get("id")
+        self.tables: dict[str, str] = manifest.get("tables") or {}
         self.keys: list[str] = manifest["keys"]
         if not self.keys:
             raise StoreError(
@@ -145,7 +149,13 @@ class StoreDataset(Dataset):
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None, "_ring": None}
+        # A spawned worker reads under its parent's lease.
+        return {**self.__dict__, "_store": None, "_ring": None, "_lease": None}
+
+    def close(self) -> None:
+        """Give up the lease on the dataset version (its versions may then be collected)."""
+        if self._lease is not None:
+            self._lease.release()
 
     def read_table(
         self, path: str, name: str, arrays: list[str]
@@ -155,7 +165,7 @@ class StoreDataset(Dataset):
         partitions it gathers.  A dataset build writes its manifest, then its tables; read
         in between (or after a build that stopped there), a table of another build would
         pair rows with the wrong samples."""
-        found, attrs = self.store.read_partition(path, name, arrays)
+        found, attrs = self.store.read_partition(path, name, arrays, self.tables.get(name))
         source = self.manifest_assets.get(attrs.get("source_asset", ""))
         stale = attrs.get("keys") != self.keys or (
             source is not None

@@ -49,8 +49,9 @@ class CTPatchDataset(StoreDataset):
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         patch_sampler: str | PatchSampler = "stored",
+        dataset_version: str | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed, transform)
+        super().__init__(store, cache_gb, seed, transform, dataset_version)
         self.window, self.patch = window, patch
         if window not in self.partitions[0]["arrays"]:
             have = ", ".join(sorted(self.partitions[0]["arrays"]))
@@ -222,8 +223,9 @@ class SparsePointsDataset(StoreDataset):
         cache_gb: float = 0.5,
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        dataset_version: str | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed, transform)
+        super().__init__(store, cache_gb, seed, transform, dataset_version)
         self.window, self.min_points, self.max_points = window, min_points, max_points
         counts = np.array([p["arrays"][window]["shape"][0] for p in self.partitions])
         self.items = np.flatnonzero(counts >= min_points).astype(np.uint32)

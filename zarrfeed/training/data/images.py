@@ -32,8 +32,9 @@ class ImagePatchDataset(StoreDataset):
         cache_gb: float = 1.0,
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        dataset_version: str | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed, transform)
+        super().__init__(store, cache_gb, seed, transform, dataset_version)
         self.defects = defects
         table, _ = self.read_table(
             IMAGES.dataset_path, PATCH_TABLE.name, ["offsets", "items", "origins"]

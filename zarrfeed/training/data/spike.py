@@ -37,8 +37,9 @@ class SpikeClipDataset(StoreDataset):
         cache_gb: float = 1.0,
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        dataset_version: str | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed, transform)
+        super().__init__(store, cache_gb, seed, transform, dataset_version)
         if voxels not in ("stored", "realtime"):
             raise ValueError(f"voxels must be 'stored' or 'realtime', got {voxels!r}")
         self.clip_len, self.crop, self.voxel_mode = clip_len, tuple(crop), voxels

@@ -1,0 +1,159 @@
+"""Leases: a live reader of a dataset version keeps it from garbage collection.
+
+A reader (a Dataset, a training run, ``zarrfeed inspect``) writes one small object naming
+the version it reads, ``.zarrfeed/leases/<lease>.json``, and a thread of its process writes
+it again every :data:`RENEW_S` seconds: one small write per minute per reader.  Collection
+keeps every version a live lease names.  A lease is live while its process runs, when the
+collector runs on the same machine (and PID namespace) and can ask the kernel; otherwise
+while it was renewed within :data:`TTL_S`.  So a reader killed with ``kill -9`` frees its
+version at the next collection on its machine, and a lost machine's after ``TTL_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from zarrfeed.errors import ZarrfeedError
+from zarrfeed.store import jsonio
+from zarrfeed.store.backends import Backend
+from zarrfeed.store.layout import meta
+
+RENEW_S = 60.0
+TTL_S = 600.0  # a lease of another machine not renewed for this long is dead
+
+
+def _read(path: str) -> str | None:
+    with contextlib.suppress(OSError), open(path) as f:
+        return f.read().strip()
+    return None
+
+
+def machine() -> str:
+    """This machine and PID namespace: where a lease's PID can be asked about."""
+    boot = _read("/proc/sys/kernel/random/boot_id") or ""
+    try:
+        ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        ns = ""
+    return f"{socket.gethostname()}|{boot}|{ns}"
+
+
+def started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot), telling a reused PID apart."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another account's process: it exists
+    return start is None or started(pid) in (None, start)
+
+
+class Lease:
+    """A reader's hold on version ``snapshot`` of dataset ``dataset``, until :meth:`release`
+    or its process ends."""
+
+    def __init__(self, backend: Backend, dataset: str, snapshot: str) -> None:
+        self.backend, self.dataset, self.snapshot = backend, dataset, snapshot
+        self.pid = os.getpid()
+        self.path = backend.join(meta("leases", f"{uuid.uuid4().hex}.json"))
+        self._body = {
+            "dataset": dataset,
+            "snapshot": snapshot,
+            "machine": machine(),
+            "pid": self.pid,
+            "started": started(self.pid),
+            "host": socket.gethostname(),
+        }
+        self.renew()
+        _RENEWER.add(self)
+
+    def renew(self) -> None:
+        body = {**self._body, "renewed_unix": time.time()}
+        self.backend.write_atomic(self.path, jsonio.dumps(body))
+
+    def release(self) -> None:
+        """Give the version up (only the process that took the lease can: a forked
+        worker's copy of it releases nothing)."""
+        if os.getpid() != self.pid:
+            return
+        _RENEWER.discard(self)
+        with contextlib.suppress(ZarrfeedError, OSError):
+            self.backend.remove(self.path)
+
+
+class _Renewer:
+    """One daemon thread per process renewing its leases.  A forked child inherits the
+    set but not the thread, and renews nothing: its parent's leases are the parent's."""
+
+    def __init__(self) -> None:
+        self.leases: set[Lease] = set()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.pid = os.getpid()
+
+    def add(self, lease: Lease) -> None:
+        with self.lock:
+            if self.pid != os.getpid():  # a forked child taking a lease of its own
+                self.leases, self.thread, self.pid = set(), None, os.getpid()
+            self.leases.add(lease)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="zarrfeed-leases",
+                                               daemon=True)  # fmt: skip
+                self.thread.start()
+
+    def discard(self, lease: Lease) -> None:
+        with self.lock:
+            self.leases.discard(lease)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(RENEW_S)
+            with self.lock:
+                leases = list(self.leases) if self.pid == os.getpid() else []
+            for lease in leases:
+                with contextlib.suppress(ZarrfeedError, OSError):
+                    lease.renew()
+
+
+_RENEWER = _Renewer()
+
+
+def live(backend: Backend, now: float | None = None) -> list[dict[str, Any]]:
+    """Every live lease of the store (dead ones are removed on the way)."""
+    now = time.time() if now is None else now
+    folder, here = backend.join(meta("leases")), machine()
+    names = [n for n in backend.list_dir(folder) if n.endswith(".json")]
+    found = backend.read_many([f"{folder}/{n}" for n in names])
+    out = []
+    for name, data in zip(names, found, strict=True):
+        if data is None:
+            continue  # released meanwhile
+        try:
+            lease = jsonio.loads(data)
+            pid, renewed = int(lease["pid"]), float(lease["renewed_unix"])
+        except (ValueError, KeyError, TypeError):
+            continue  # another writer's temporary, or damaged: a damaged lease holds nothing
+        if lease.get("machine") == here:
+            ok = alive(pid, lease.get("started"))
+        else:
+            ok = now - renewed < TTL_S
+        if ok:
+            out.append(lease)
+        else:
+            with contextlib.suppress(ZarrfeedError, OSError):
+                backend.remove(f"{folder}/{name}")
+    return out
