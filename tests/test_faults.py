@@ -202,6 +202,29 @@ def test_one_file_under_two_names_is_served_once_under_the_first_name():
     assert duplicates("ct", heads, index, skip={"b"}).keys() == {"a"}  # c kept over a
 
 
+def test_a_name_without_usable_characters_keeps_its_key_when_the_raw_root_moves(
+    dagster_env, tmp_path
+):
+    """Such a name is keyed by a digest of its path under the raw root, not of its absolute
+    path: mounting the root elsewhere must not give the scan a second key."""
+    raw, resources, instance = dagster_env
+    first = tmp_path / "mount_a" / "scans"
+    first.mkdir(parents=True)
+    shutil.copy(next(raw.rglob("valid_1_a_1.nii.gz")), first / "扫描.nii.gz")
+    at_first = {**resources, "raw": RawFolderResource(root=str(first))}
+    (key,) = discover(instance, at_first, "ct")
+    assert key.startswith("item-")
+    assert build(at_first, instance, "ct", key).success
+    moved = tmp_path / "mount_b" / "scans"
+    moved.parent.mkdir()
+    first.rename(moved)
+    at_moved = {**resources, "raw": RawFolderResource(root=str(moved))}
+    assert discover(instance, at_moved, "ct") == [key]
+    assert build(at_moved, instance, "ct", key).success
+    assert materialize([ct_dataset], instance, resources=at_moved).success
+    assert resources["zarr_store"].store().read_manifest("ct")["keys"] == [key]
+
+
 def test_a_sample_whose_stages_come_from_two_builds_stays_out_of_the_dataset(
     dagster_env, monkeypatch
 ):
