@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pytest
 from graph import FAMILIES, build, checks, discover, failure, materialize, requested, sensor
 
 from zarrfeed.assets.datasets import dataset_asset
+from zarrfeed.cli import build_parser
+from zarrfeed.commands import partitions
 from zarrfeed.commands.status import family_status
 from zarrfeed.errors import InputError
 from zarrfeed.families.ct import CT, CTSettings
@@ -133,6 +136,93 @@ def test_a_conflict_that_comes_back_refreshes_the_manifest_again(dagster_env):
         copy.unlink()
         keys.append(refresh_key())  # resolved
     assert len(set(keys)) == 4, keys
+
+
+def test_a_renamed_scan_is_served_once_under_its_new_key_and_the_old_one_removable(
+    dagster_env,
+):
+    """A rename (same bytes) gives a new key while the old key's partitions stay committed:
+    the manifest must not serve the scan twice.  The old key is withheld naming the new one
+    and the command that removes it, which the warning check shows, until it is removed."""
+    raw, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    assert build(resources, instance, "ct", "valid_1_a_1").success
+    original = next(raw.rglob("valid_1_a_1.nii.gz"))
+    original.rename(original.with_name("valid_7_a_1.nii.gz"))
+    assert "valid_7_a_1" in discover(instance, resources, "ct")
+    assert build(resources, instance, "ct", "valid_7_a_1").success
+    result = materialize([ct_dataset], instance, resources=resources)
+    store = resources["zarr_store"].store()
+    manifest = store.read_manifest("ct")
+    assert manifest["keys"] == ["valid_7_a_1"]
+    (why,) = manifest["failed"]["valid_1_a_1"]
+    assert why.startswith("duplicate: its raw source is gone and valid_7_a_1 holds")
+    command = why.rsplit("`", 2)[1]
+    assert command == "zarrfeed partitions remove ct valid_1_a_1"
+    (check,) = [c for c in result.get_asset_check_evaluations()
+                if c.check_name == "all_partitions_complete"]  # fmt: skip
+    assert not check.passed and check.metadata["left_out"].value == {"valid_1_a_1": [why]}
+    args = build_parser().parse_args([*shlex.split(command)[1:], "--store", store.url, "--yes"])
+    assert args.func is partitions.main
+    catalog = resources["zarr_store"].catalog("ct")
+    partitions.execute(partitions.plan(CT, args.key, store, catalog, instance), store, catalog,
+                       instance)  # fmt: skip
+    result = materialize([ct_dataset], instance, resources=resources)
+    assert store.read_manifest("ct")["keys"] == ["valid_7_a_1"]
+    assert store.read_manifest("ct")["failed"] == {}
+    assert checks(result)[("ct_dataset", "all_partitions_complete")] is True
+
+
+def test_one_file_under_two_names_is_served_once_under_the_first_name():
+    """Two names of one content both still there: which one a user meant is unknown, but a
+    sample served twice (across train/valid names, a leak) is never meant.  The first in
+    sort order is kept, the other withheld naming it; a key with a source is kept over one
+    without, whatever the order."""
+    from zarrfeed.sources.catalog import RawItem
+    from zarrfeed.sources.duplicates import duplicates
+
+    def item(key: str, location: str) -> RawItem:
+        return RawItem(key, "nifti", location, "raw:/r", 1, 1.0)
+
+    here = Path(__file__)
+    index = {"b": item("b", str(here)), "c": item("c", str(here.parent))}
+    heads = {
+        k: {"attrs": {"source_sha256": "f" * 64, "source_stamp": index[k].stamp}} for k in "bc"
+    }
+    heads["a"] = {"attrs": {"source_sha256": "f" * 64}}  # its source is gone
+    heads["d"] = {"attrs": {"source_sha256": "e" * 64}}  # its own content
+    out = duplicates("ct", heads, index)
+    assert sorted(out) == ["a", "c"]
+    assert out["a"] == [
+        "duplicate: its raw source is gone and b holds the same raw content (sha256 "
+        "ffffffffffff): remove it with `zarrfeed partitions remove ct a`"
+    ]
+    assert out["c"][0].startswith(f"duplicate: {here.parent} holds the same raw content")
+    assert f"as b ({here}), which the dataset keeps: delete one" in out["c"][0]
+    assert duplicates("ct", heads, index, skip={"b"}).keys() == {"a"}  # c kept over a
+
+
+def test_a_name_without_usable_characters_keeps_its_key_when_the_raw_root_moves(
+    dagster_env, tmp_path
+):
+    """Such a name is keyed by a digest of its path under the raw root, not of its absolute
+    path: mounting the root elsewhere must not give the scan a second key."""
+    raw, resources, instance = dagster_env
+    first = tmp_path / "mount_a" / "scans"
+    first.mkdir(parents=True)
+    shutil.copy(next(raw.rglob("valid_1_a_1.nii.gz")), first / "扫描.nii.gz")
+    at_first = {**resources, "raw": RawFolderResource(root=str(first))}
+    (key,) = discover(instance, at_first, "ct")
+    assert key.startswith("item-")
+    assert build(at_first, instance, "ct", key).success
+    moved = tmp_path / "mount_b" / "scans"
+    moved.parent.mkdir()
+    first.rename(moved)
+    at_moved = {**resources, "raw": RawFolderResource(root=str(moved))}
+    assert discover(instance, at_moved, "ct") == [key]
+    assert build(at_moved, instance, "ct", key).success
+    assert materialize([ct_dataset], instance, resources=at_moved).success
+    assert resources["zarr_store"].store().read_manifest("ct")["keys"] == [key]
 
 
 def test_a_sample_whose_stages_come_from_two_builds_stays_out_of_the_dataset(

@@ -10,6 +10,7 @@ recorded, so its lineage names exactly the data it read.
 """
 
 import json
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,10 @@ from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.metadata import mib, table
 from zarrfeed.families import Family
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
+from zarrfeed.sources.catalog import RawCatalog, RawItem
+from zarrfeed.sources.duplicates import duplicates
+from zarrfeed.store import ZarrStore
+from zarrfeed.store.contract import SOURCE
 
 # The nightly schedules rebuild what is missing or stale; a manifest older than two days means
 # they have stopped.
@@ -28,15 +33,26 @@ FRESHNESS = dg.FreshnessPolicy.time_window(
 )
 
 
-def conflicts(zarr_store: ZarrStoreResource, family: Family) -> dict[str, list[str]]:
+def conflicts(index: Mapping[str, RawItem]) -> dict[str, list[str]]:
     """Key → why, for the keys two or more raw items now claim: their committed partitions
     were built from one of them, and which one training should read is undecided until the
     user renames one (``zarrfeed status`` lists them)."""
     return {
         key: [f"conflict: {item.location} and {', '.join(item.conflict)} claim this key"]
-        for key, item in zarr_store.catalog(family.name).index().items()
+        for key, item in index.items()
         if item.conflict
     }
+
+
+def withheld(store: ZarrStore, catalog: RawCatalog, family: Family) -> dict[str, list[str]]:
+    """Key → why, for committed keys the manifest leaves out although their data is sound:
+    conflicts, and duplicates of another key's raw content (a renamed or copied file,
+    :func:`~zarrfeed.sources.duplicates.duplicates`), found from the catalog index and the
+    first stage's record summaries, both incremental."""
+    index = catalog.index()
+    held = conflicts(index)
+    head = next(a for a in family.assets if SOURCE in a.inputs)
+    return held | duplicates(family.name, store.record_summaries(head.path), index, skip=held)
 
 
 def dataset_asset(family: Family) -> dg.AssetsDefinition:
@@ -64,7 +80,8 @@ def dataset_asset(family: Family) -> dg.AssetsDefinition:
             spec("uniform_dtypes", "Every array has one dtype across partitions."),
             spec(
                 "all_partitions_complete",
-                "No partition is incomplete or failed its checks (a warning: the others train).",
+                "No partition is incomplete, failed its checks, or is withheld (a conflict, a "
+                "duplicate of another key's raw content): a warning, the others train.",
                 blocking=False,
             ),
         ],
@@ -72,9 +89,8 @@ def dataset_asset(family: Family) -> dg.AssetsDefinition:
     def _dataset(zarr_store: ZarrStoreResource, raw: RawFolderResource) -> dg.MaterializeResult:
         store = zarr_store.store()
         paths = [a.path for a in family.assets]
-        plan = store.plan_dataset(
-            family.name, paths, conflicts(zarr_store, family), lineage=family.assets
-        )
+        held = withheld(store, zarr_store.catalog(family.name), family)
+        plan = store.plan_dataset(family.name, paths, held, lineage=family.assets)
         keys = plan.keys
         consolidated: dict[str, Any] = {
             t.name: store.consolidate(

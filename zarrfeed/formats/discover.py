@@ -21,7 +21,9 @@ Keys (``[A-Za-z0-9._-]``, see :func:`zarrfeed.store.keys.sanitise_key`):
 * DICOM series: the folder's path under the root (``dicom_patient7_CT``), since series
   folders are rarely named uniquely; ``_<SeriesInstanceUID>`` is appended when the folder
   holds several series, ``_<file name>`` for a file whose header cannot be read;
-* spike sequences: the path under their dataset folder; image sets: the folder's path.
+* spike sequences: the path under their dataset folder; image sets: the folder's path;
+* a name with no usable character: ``item-`` and a digest of its path under the root, so no
+  key depends on where the root is mounted.
 """
 
 from __future__ import annotations
@@ -199,18 +201,24 @@ def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
     return folders, names, skipped
 
 
-def _key(name: str, unique: Path) -> str:
-    """``sanitise_key(name)``, or a digest of ``unique`` when the name has no usable
-    character (``€€.nii.gz``): such a file still gets a partition rather than vanishing."""
+def _key(name: str, path: Path, root: Path) -> str:
+    """``sanitise_key(name)``, or a digest of ``path`` relative to the raw ``root`` when the
+    name has no usable character (``扫描.nii.gz``): such a file still gets a partition rather
+    than vanishing.  Relative, so that the key, like a name's, survives the root being
+    mounted or moved elsewhere (a digest of the absolute path gave the same scan a second
+    key, and the manifest a duplicate); not a digest of the content, which discovery never
+    reads and which would re-key the item on every edit."""
     try:
         return sanitise_key(name)
     except InvalidKeyError:
-        return "item-" + hashlib.sha1(str(unique).encode()).hexdigest()[:12]
+        relative = path.relative_to(root).as_posix()
+        return "item-" + hashlib.sha1(relative.encode()).hexdigest()[:12]
 
 
-def _folder_key(folder: Path, base: Path) -> str:
+def _folder_key(folder: Path, base: Path, root: Path) -> str:
+    """The key of a folder item: its path under ``base`` (inside ``root``)."""
     parts = folder.relative_to(base).parts or (folder.name,)
-    return _key("_".join(parts), folder)
+    return _key("_".join(parts), folder, root)
 
 
 def _spike_roots(tree: dict[Path, list[str]]) -> list[Path]:
@@ -241,13 +249,13 @@ def _dicom_items(root: Path, folder: Path, names: list[str]) -> list[tuple[str, 
     if not files:
         return []
     series, broken = group_series(sorted(files))
-    base = _folder_key(folder, root)
+    base = _folder_key(folder, root, root)
     found = []
     for uid, paths in sorted(series.items()):
-        key = base if len(series) == 1 else _key(f"{base}_{uid}", folder)
+        key = base if len(series) == 1 else _key(f"{base}_{uid}", folder, root)
         found.append((key, folder, CTItem(key, "dicom", folder, tuple(paths), uid)))
     for path in broken:
-        key = _key(f"{base}_{path.name}", path)
+        key = _key(f"{base}_{path.name}", path, root)
         found.append((key, path, CTItem(key, "dicom", path, (path,))))
     return found
 
@@ -263,24 +271,25 @@ def discover_ct(root: str | Path, tree: Tree | None = None) -> Found[CTItem]:
     memo: dict[Path, tuple[list[str], list]] = {}
     for folder, names in tree.items():
         known = _FOUND.get(folder)
-        if known is not None and known[0] is names and known[2] == spike_roots:
+        if known is not None and known[0] is names and known[2] == (root, spike_roots):
             memo[folder] = known  # the same listing (walk_tree): the same items
             found += known[1]
             continue
-        items = _ct_files(folder, names, spike_roots)
+        items = _ct_files(root, folder, names, spike_roots)
         dicom = _dicom_items(root, folder, names)
         if not dicom:  # DICOM folders are grouped anew: a rewritten slice may move series
-            memo[folder] = (names, items, spike_roots)
+            memo[folder] = (names, items, (root, spike_roots))
         found += items + dicom
     _FOUND = memo
     return _collect(root, found, tree.skipped)
 
 
-# Folder → (its names list from walk_tree, its non-DICOM CT items, the spike roots then).
-_FOUND: dict[Path, tuple[list[str], list, list[Path]]] = {}
+# Folder → (its names list from walk_tree, its non-DICOM CT items, the root and spike roots
+# then: a key without usable characters depends on the root).
+_FOUND: dict[Path, tuple[list[str], list, tuple[Path, list[Path]]]] = {}
 
 
-def _ct_files(folder: Path, names: list[str], spike_roots: list[Path]) -> list:
+def _ct_files(root: Path, folder: Path, names: list[str], spike_roots: list[Path]) -> list:
     """The NIfTI and ``.npy``/``.npz`` items of one folder, their suffixes in any case
     (``CT.NII.GZ``); arrays in spike datasets are not CT."""
     found = []
@@ -288,13 +297,13 @@ def _ct_files(folder: Path, names: list[str], spike_roots: list[Path]) -> list:
     for name in names:
         path, lower = folder / name, name.lower()
         if lower.endswith(CT_SUFFIXES):
-            key = _key(ct_stem(path), path)
+            key = _key(ct_stem(path), path, root)
             found.append((key, path, CTItem(key, "nifti", path)))
         elif lower.endswith(ARRAY_SUFFIXES) and _under(folder, spike_roots) is None:
             stem, kind = name[:-4], lower[-3:]
             sidecar = f"{stem}.json"
             files = (path, folder / sidecar) if sidecar in present else ()
-            key = _key(stem, path)
+            key = _key(stem, path, root)
             found.append((key, path, CTItem(key, kind, path, files)))
     return found
 
@@ -516,7 +525,7 @@ def discover_spike_sequences(root: str | Path) -> Found[SpikeSequence]:
         layout = facts["layouts"][sub]
         sequence = SpikeSequence(parent, int(facts["height"]), int(facts["width"]), sub,
                                  layout["layout"], int(layout["frames"]))  # fmt: skip
-        found.append((_folder_key(parent, dataset), parent, sequence))
+        found.append((_folder_key(parent, dataset, root), parent, sequence))
     return _collect(root, found, skipped)
 
 
@@ -530,7 +539,7 @@ def discover_image_sets(root: str | Path) -> Found[Path]:
     return _collect(
         root,
         (
-            (_folder_key(folder, root), folder, folder)
+            (_folder_key(folder, root, root), folder, folder)
             for folder, names in tree.items()
             if any(n.lower().endswith(IMAGE_SUFFIXES) for n in names)
             and _under(folder, spike_roots) is None

@@ -18,6 +18,7 @@ evaluation tells a changed source from the index alone.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
@@ -92,6 +93,11 @@ class RawItem:
 
 
 FIELDS = tuple(f.name for f in fields(RawItem))
+
+
+def _vanished(item: RawItem) -> bool:
+    """Whether a local item's file or folder is gone (one stat; hub items never vanish)."""
+    return "://" not in item.location and not os.path.exists(item.location)
 
 
 @dataclass(frozen=True)
@@ -179,14 +185,16 @@ class RawCatalog:
     def update(self, origin: str, found: Mapping[str, RawItem]) -> Changes:
         """Record what ``origin`` holds now: new and changed items are written, items of this
         origin no longer found are removed; items of other origins are kept.  A key claimed
-        by two origins, or twice within one, is a conflict on both items."""
+        by two origins, or twice within one, is a conflict on both items, unless the other
+        origin's item is gone from disk (its root moved or unmounted): the key then passes
+        to the item found now, so a moved raw root keeps its keys without a conflict."""
         self._index = None  # diff against what is stored now
         index = self.index()
         before = {k: v for k, v in index.items() if v.origin == origin}
         new, changed, writes = [], [], {}
         for key, item in found.items():
             other = index.get(key)
-            if other is not None and other.origin != origin:
+            if other is not None and other.origin != origin and not _vanished(other):
                 item = replace(item, conflict=tuple(sorted({*item.conflict, other.location})))
             old = before.get(key)
             if old is None:
