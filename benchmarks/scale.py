@@ -55,6 +55,7 @@ from zarrfeed.samples import METADATA_COLUMNS, ct_rate_path, make_sample_data
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.sources.raw import source_identity
 from zarrfeed.store import ZarrStore
+from zarrfeed.store.snapshots import Retention
 from zarrfeed.training import CTPatchDataset, make_loader
 from zarrfeed.training.data.shm import clear_caches
 
@@ -264,6 +265,41 @@ def manifests_nightly_dataset(store: ZarrStore, resources: dict, instance) -> No
           f"versions checked against the manifest's)")  # fmt: skip
 
 
+def collection(store: ZarrStore, keys: list[str]) -> None:
+    """Garbage collection over every partition with 10 retained dataset versions: each
+    version written after 1 % of the keys were rebuilt, every committed and superseded
+    version a folder of its own (its guard only: collection never opens the arrays)."""
+    assets = [a.path for a in CT.assets]
+
+    def folders() -> None:
+        for path in assets:
+            for key, summary in store.record_summaries(path).items():
+                folder = Path(store.path(path, key)) / summary["version"]
+                if not folder.exists():
+                    folder.mkdir(parents=True)
+                    (folder / "zarr.json").write_bytes(b"{}")
+
+    folders()
+    for seed in range(3, 13):
+        rebuild(store, keys, 100, seed)
+        folders()
+        store.write_dataset("ct", assets, retention=Retention(last=10, days=0))
+    orphans = keys[::100]  # versions of writers that died before their commit
+    for path in assets:
+        for key in orphans:
+            folder = Path(store.path(path, key)) / VERSION.replace("-00000000", "-deadbeef")
+            folder.mkdir(parents=True)
+            (folder / "zarr.json").write_bytes(b"{}")
+    stale = len(orphans) * len(assets)
+    seconds, report = timed(lambda: store.collect(older_than_s=0))
+    bench("scale.gc_50k_s", seconds, "s",
+          f"collection over {len(keys)} partitions x {len(assets)} assets with "
+          f"{len(report.kept)} retained dataset versions: {report.removed} objects removed (of "
+          f"them {stale} orphaned partition versions), "
+          f"{report.retained_versions} superseded versions kept for retained dataset "
+          f"versions")  # fmt: skip
+
+
 def resources_for(store: str, raw: Path, settings: CTSettings) -> dict:
     """The resources the CT family's definitions need, and its settings (``ct_settings``,
     which the definitions take, not the runs)."""
@@ -296,6 +332,7 @@ def scale(work: Path, n: int, more: int, runs: int) -> None:
         keys = sorted(instance.get_dynamic_partitions("ct_scans"))
         synthetic_commits(store, instance, CT.values(resources["ct_settings"]), keys)
         manifests_nightly_dataset(store, resources, instance)
+        collection(store, keys)
 
 
 def s3_vs_local(work: Path, quick: bool) -> None:

@@ -10,6 +10,7 @@ from graph import dataset_assets as all_dataset_assets
 from graph import model_assets as all_model_assets
 
 from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
+from zarrfeed.store.snapshots import is_id
 from zarrfeed.training.tasks import TASK_TYPES
 
 dataset_assets, model_assets = all_dataset_assets(), all_model_assets()
@@ -65,8 +66,13 @@ def test_model_assets_train_from_run_config_with_metadata(trained_env, tmp_path)
         own = {f"data.{f}" for f in TASK_TYPES[task].data_fields}
         assert {k for k in settings if k.startswith("data.")} == own  # no other task's fields
         trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
-        assert int(trained_on["partitions"]) > 0 and len(trained_on["manifest_sha256"]) == 16
-        assert trained_on[f"data version of {TASK_TYPES[task].family.dataset_asset}"] != "None"
+        dataset = TASK_TYPES[task].family.dataset_asset
+        assert int(trained_on["partitions"]) > 0
+        # What it read is what Dagster records as its input: one dataset version id.
+        tags = instance.get_latest_materialization_event(key).asset_materialization.tags
+        read = trained_on["dataset_version"]
+        assert is_id(read) and trained_on[f"data version of {dataset}"] == read
+        assert tags[f"dagster/input_data_version/{dataset}"] == read
         assert ("auroc_per_finding" in meta) == (task == "ct_classifier")
         checkpoint = meta["dagster/uri"].value
         assert meta["checkpoint"].value == checkpoint
@@ -88,3 +94,37 @@ def test_training_runs_on_a_dataset_update_despite_a_missing_partition(trained_e
     assert after.get_num_requested(model) == 1
     others = [a.key for a in model_assets if a.key != model]
     assert all(after.get_num_requested(k) == 0 for k in others)  # only its own family
+
+
+def test_a_model_reads_the_dataset_version_dagster_records_as_its_input(trained_env):
+    """A dataset build that moved the store on while the model starts (its materialisation
+    not recorded yet): the model trains on the version Dagster knows, and its lineage names
+    exactly that one."""
+    resources, instance = trained_env
+    images_dataset = next(a for a in dataset_assets if a.key.path == ["images_dataset"])
+    model = next(a for a in model_assets if a.key.path == ["defect_segmentation_model"])
+    assert dg.materialize([images_dataset], resources=resources, instance=instance).success
+    known = instance.get_latest_data_version_record(images_dataset.key)
+    known = known.asset_materialization.tags["dagster/data_version"]
+    store = resources["zarr_store"].store()
+    manifest = store.read_manifest("images")
+    assert manifest["id"] == known
+    paths = list(manifest["assets"])
+    moved = store.write_dataset("images", paths, {manifest["keys"][0]: ["a build under way"]})
+    assert moved["id"] != known and store.read_manifest("images")["id"] == moved["id"]
+    try:
+        result = dg.materialize(
+            [model],
+            resources=resources,
+            instance=instance,
+            run_config={"ops": quick("defect_segmentation_model")},
+        )
+    finally:  # the session's store again as the other tests know it
+        assert dg.materialize([images_dataset], resources=resources, instance=instance).success
+    assert result.success
+    meta = result.asset_materializations_for_node(model.key.path[0])[0].metadata
+    trained_on = {r.data["what"]: r.data["value"] for r in meta["trained_on"].records}
+    assert trained_on["dataset_version"] == known
+    assert int(trained_on["partitions"]) == len(manifest["keys"])
+    tags = instance.get_latest_materialization_event(model.key).asset_materialization.tags
+    assert tags["dagster/input_data_version/images_dataset"] == known

@@ -728,10 +728,12 @@ class ZarrStore:
         assets: list[str],
         withheld: Mapping[str, list[str]] | None = None,
         lineage: Sequence[StoredAsset] = (),
+        retention: Retention | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
         """:meth:`plan_dataset` and :meth:`publish_dataset`, for a dataset without tables."""
-        return self.publish_dataset(self.plan_dataset(name, assets, withheld, lineage), **extra)
+        plan = self.plan_dataset(name, assets, withheld, lineage)
+        return self.publish_dataset(plan, retention=retention, **extra)
 
     @gc_paused()  # 200,000 summaries and manifest entries, none of them garbage
     def plan_dataset(
