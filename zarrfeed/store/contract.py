@@ -9,8 +9,12 @@ schedules and training's readers all derive from them, and share one notion of "
 
     a partition is current when its committed fingerprint equals the fingerprint computed now
     from the asset's code version, the settings it declares, and its inputs (the raw item's
-    content hash and evidence for the first stage, the upstream partitions' fingerprints for
-    the others).
+    content hash and evidence for the first stage, the upstream partitions' *identities* —
+    fingerprint and content digest, :func:`identity` — for the others).
+
+Fingerprints hash inputs, and an upstream rebuilt with other content under the same
+fingerprint (a forced rebuild after a library upgrade, a healed corruption that the derived
+stage had read) must still make what was built from it stale: hence the content digest.
 
 Settings are plain values here, so this module imports no Dagster.
 """
@@ -26,8 +30,11 @@ from typing import Any
 from zarrfeed.store.codecs import Content, Read
 
 SOURCE = "source"  # the input name of the raw item (its content hash and evidence)
-# The partition attribute naming the fingerprint of each upstream partition it was built from.
+# The partition attribute naming the identity (:func:`identity`) of each upstream partition
+# it was built from (the name is older than the content digest in it).
 UPSTREAM = "upstream_fingerprints"
+# The partition attribute holding one digest of its arrays' recorded content checksums.
+CONTENT = "content_digest"
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,41 @@ class StoredAsset:
         raise KeyError(f"{self.name} declares no array {name!r}")
 
 
+def content_digest(checksums: Mapping[str, str]) -> str:
+    """One digest of a partition's array checksums (name → checksum, any hash): what a
+    stage built from the partition takes into its fingerprint, so it changes with any array's
+    content, and nothing is read to compute it."""
+    return _digest(sorted(checksums.items()))[:32]
+
+
+def identity(fingerprint: str, digest: str | None) -> str:
+    """What a stage records of (and fingerprints) an upstream partition it is built from: its
+    fingerprint and content digest.  A partition committed before digests were recorded is
+    its fingerprint alone, so what was built from it stays current until it is rebuilt."""
+    return f"{fingerprint}+{digest}" if digest else fingerprint
+
+
+def identity_of(attrs: Mapping[str, Any]) -> str | None:
+    """The :func:`identity` of a committed partition from its attributes (or a summary's)."""
+    fingerprint = attrs.get("fingerprint")
+    return None if fingerprint is None else identity(fingerprint, attrs.get(CONTENT))
+
+
+def upstream_changed(
+    spec: StoredAsset, attrs: Mapping[str, Any], upstream: Mapping[str, Mapping[str, Any] | None]
+) -> list[str]:
+    """The stages ``spec``'s partition (``attrs``) reads whose committed partition
+    (``upstream``: stage name → its attributes) is not the one it was built from.
+    Partitions that do not record what they were built from are taken as they are."""
+    changed = []
+    for up in spec.upstream:
+        built_from = (attrs.get(UPSTREAM) or {}).get(up)
+        now = identity_of(upstream.get(up) or {})
+        if built_from is not None and now is not None and now != built_from:
+            changed.append(up)
+    return changed
+
+
 def stale_reason(record: Mapping[str, Any] | None, expected: str) -> str | None:
     """Why a partition with commit ``record`` is out of date, or None when it is current.
 
@@ -143,17 +185,12 @@ def mixed_builds(
     arrays of two volumes until it is built again.  ``lineage``: the stored assets whose
     dependencies are followed; partitions that do not record what they were built from are
     taken as they are."""
-    paths = {spec.name: spec.path for spec in lineage}
-    why = []
-    for spec in lineage:
-        attrs = (summaries.get(spec.path) or {}).get("attrs") or {}
-        for up in spec.upstream:
-            built_from = (attrs.get(UPSTREAM) or {}).get(up)
-            upstream = summaries.get(paths.get(up, "")) or {}
-            now = (upstream.get("attrs") or {}).get("fingerprint")
-            if built_from is not None and now is not None and now != built_from:
-                why.append(f"{spec.name} was built from another build of {up}: build it again")
-    return why
+    attrs = {s.name: (summaries.get(s.path) or {}).get("attrs") or {} for s in lineage}
+    return [
+        f"{spec.name} was built from another build of {up}: build it again"
+        for spec in lineage
+        for up in upstream_changed(spec, attrs[spec.name], attrs)
+    ]
 
 
 def _plain(value: Any) -> Any:

@@ -48,7 +48,7 @@ from zarrfeed.store.bulk import gc_paused
 from zarrfeed.store.changes import DELETED, MARGIN_S, ChangeLog, ChangeLogError, Intent, now_ns
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
-from zarrfeed.store.contract import UPSTREAM, StoredAsset, failed_checks, mixed_builds
+from zarrfeed.store.contract import CONTENT, UPSTREAM, StoredAsset, failed_checks, mixed_builds
 from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path
@@ -889,7 +889,7 @@ def _parsed(path: str, data: bytes) -> Any:
 
 
 PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")
-SUMMARY_ATTRS = (*PROVENANCE, "source_stamp", UPSTREAM)
+SUMMARY_ATTRS = (*PROVENANCE, "source_stamp", UPSTREAM, CONTENT)
 
 
 def _next_position(looked: int, intents: list[Intent], found: dict[str, Any]) -> int:
