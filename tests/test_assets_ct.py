@@ -360,3 +360,29 @@ def test_an_upstream_rebuilt_with_other_content_makes_what_was_built_from_it_sta
     assert mismatched(resources, key) == {}
     lung = store.read_array("ct/windows", key, "lung")
     np.testing.assert_array_equal(lung, apply_windows(hu, ["lung"])["lung"])
+
+
+@pytest.mark.slow
+def test_a_patch_size_changed_for_one_scan_never_mixes_into_the_dataset(dagster_env):
+    """Patch size changed to 32³ and one scan rebuilt: the reader takes one patch shape for
+    every sample, so the dataset keeps the keys of one patch size and withholds the other,
+    naming the setting and the stage to build again."""
+    from graph import dataset_assets, materialize
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    keys = ["train_1_a_1", "train_1_a_2"]
+    for key in keys:
+        assert build(resources, instance, "ct", key).success
+    values = {**resources["ct_settings"].model_dump(), "patch_zyx": [32, 32, 32]}
+    changed = {**resources, "ct_settings": CTSettings(**values)}
+    assert build(changed, instance, "ct", keys[0]).success
+    dataset = [a for a in dataset_assets() if a.key.path == ["ct_dataset"]]
+    assert materialize(dataset, instance, resources=resources).success
+    store = resources["zarr_store"].store()
+    manifest = store.read_manifest("ct")
+    [kept] = manifest["keys"]
+    [(withheld, why)] = manifest["failed"].items()
+    assert {kept, withheld} == set(keys)
+    assert "ct_patches was built with patch_zyx=" in why[0]
+    assert why[0].endswith("build ct_patches again")

@@ -19,7 +19,7 @@ import orjson
 import zarrfeed
 from zarrfeed.store import jsonio
 
-ROWS_LAYOUT = 1
+ROWS_LAYOUT = 2  # 2: the kept keys agree on every per-dataset setting
 
 
 class Rows:
