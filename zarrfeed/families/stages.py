@@ -23,7 +23,7 @@ from zarrfeed.sources.catalog import RawCatalog, RawItem
 from zarrfeed.sources.raw import SourceWatch, is_hub, item_sha256, source_identity
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.checksums import recorded_checksums
-from zarrfeed.store.contract import SOURCE, StoredAsset, failed_checks, identity_of
+from zarrfeed.store.contract import CONTENT, SOURCE, StoredAsset, failed_checks, identity
 
 if TYPE_CHECKING:
     from zarrfeed.families.family import Family
@@ -161,7 +161,7 @@ class Inputs:
         if pinned is None:
             pinned = self._read.pinned = {}
         pinned[spec.path] = record  # one per upstream asset: the partition being built
-        return identity_of(record["attrs"]) or ""
+        return identity(record["attrs"]["fingerprint"], record["attrs"].get(CONTENT))
 
     def upstream(self, key: str, *specs: StoredAsset) -> dict[str, str]:
         """The fingerprint inputs of a partition built from ``specs``' partitions ``key``."""
