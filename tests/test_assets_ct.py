@@ -252,3 +252,137 @@ def test_damaged_stored_data_is_rebuilt_instead_of_reused(dagster_env, damage):
     assert mat.metadata["reused"].value is False
     assert mat.metadata["why"].value.startswith(why)
     np.testing.assert_array_equal(store.read_array("ct/windows", key, "lung"), before)
+
+
+DERIVED = ["ct_windows", "ct_sparse", "ct_patches"]
+
+
+def mismatched(resources, key):
+    """``zarrfeed verify``'s mismatches for partition ``key`` of every CT stage."""
+    from zarrfeed.commands.verify import verify
+    from zarrfeed.families.ct import CT
+
+    specs = [(CT, spec) for spec in CT.assets]
+    catalogs = {CT.name: resources["zarr_store"].catalog(CT.name)}
+    found = verify(resources["zarr_store"].store(), specs, catalogs, key)
+    return {f.asset: f.details for f in found if f.status == "MISMATCH"}
+
+
+@pytest.mark.slow
+def test_no_stage_builds_on_upstream_data_that_fails_its_checksums(dagster_env):
+    """Two voxels of a committed HU chunk changed behind the store's back (the chunk still
+    decodes): a forced run of the derived stages fails naming the HU partition and array
+    instead of building windows from the corrupt volume; a plain build heals the HU, and
+    the windows then are those of the healed HU, with nothing left mismatched."""
+    import zarr
+    from graph import materialize
+
+    from zarrfeed.resources import BuildOptions
+    from zarrfeed.transforms.ct import apply_windows
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    store = resources["zarr_store"].store()
+    windows = store.commit_record("ct/windows", key)["version"]
+    hu = zarr.open_array(f"{store.version_path('ct/hu', key)}/hu", mode="r+")
+    good = hu[...]
+    hu[0, 0, :2] = good[0, 0, :2] + 74  # one chunk rewritten: it decodes, to other values
+    assert mismatched(resources, key) == {
+        "ct_hu": ["hu: content checksum differs from the one recorded at build"]
+    }
+    forced = {**resources, "build": BuildOptions(force=True)}
+    result = materialize(
+        family_assets("ct", forced),
+        instance,
+        partition_key=key,
+        resources=forced,
+        selection=DERIVED,
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert f"ct_hu[{key}] array 'hu'" in failure(result)
+    assert "differs from the checksum recorded" in failure(result)
+    assert store.commit_record("ct/windows", key)["version"] == windows  # nothing built on it
+    assert build(resources, instance, "ct", key).success  # heals the HU volume
+    hu = store.read_array("ct/hu", key, "hu")
+    np.testing.assert_array_equal(hu, good)
+    expected = apply_windows(hu, ["lung", "bone"])
+    for name, data in expected.items():
+        np.testing.assert_array_equal(store.read_array("ct/windows", key, name), data)
+    assert mismatched(resources, key) == {}
+
+
+@pytest.mark.slow
+def test_an_upstream_rebuilt_with_other_content_makes_what_was_built_from_it_stale(dagster_env):
+    """Fingerprints hash inputs: an HU volume committed again with other values under the
+    same fingerprint (a forced rebuild after a library changed its rounding) must make the
+    windows, sparse indices and patches built from the one before stale — named by
+    ``zarrfeed verify``, out of date for the nightly, and rebuilt by a plain build."""
+    from zarrfeed.families.ct import CT, CT_HU, VERIFY_POINTS
+    from zarrfeed.store.checksums import ATTR, array_checksum
+    from zarrfeed.store.contract import CONTENT, content_digest
+    from zarrfeed.transforms.ct import apply_windows
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    key = "train_1_a_1"
+    assert build(resources, instance, "ct", key).success
+    store = resources["zarr_store"].store()
+    assert mismatched(resources, key) == {}
+    record = store.commit_record(CT_HU.path, key)
+    hu = store.read_array(CT_HU.path, key, "hu")
+    # The same inputs, other content: one voxel 1 HU up, away from the points its
+    # matches_source check samples, so that the volume passes its checks and is kept.
+    rng = np.random.default_rng(0)
+    sampled = {tuple(p) for p in np.stack([rng.integers(0, n, VERIFY_POINTS) for n in hu.shape], 1)}
+    voxel = next(v for v in np.ndindex(hu.shape) if v not in sampled and hu[v] < 3071)
+    hu[voxel] += 1
+    attrs = dict(record["attrs"])
+    attrs[ATTR] = {"hu": array_checksum(hu)}
+    attrs[CONTENT] = content_digest(attrs[ATTR])
+    with store.write_partition(CT_HU.path, key, attrs) as w:
+        w.write("hu", hu, dimension_names=CT_HU.array("hu").dims)
+        w.checks = record["checks"]
+    why = "built from another build of ct_hu than the one committed now"
+    found = mismatched(resources, key)
+    assert sorted(found) == sorted(DERIVED) and all(why in d[0] for d in found.values())
+    index = resources["zarr_store"].catalog("ct").index()
+    stale = CT.out_of_date(store, CT.values(resources["ct_settings"]), [key], index)
+    assert stale == {key: "ct_windows: inputs, settings or code changed since the last build"}
+    result = build(resources, instance, "ct", key)
+    assert result.success
+    [kept] = result.asset_materializations_for_node("ct_hu")
+    assert kept.metadata["reused"].value is True  # the premise: the other content stays
+    for mat in result.asset_materializations_for_node("ct_derived"):
+        assert mat.metadata["reused"].value is False, mat.asset_key
+    assert mismatched(resources, key) == {}
+    lung = store.read_array("ct/windows", key, "lung")
+    np.testing.assert_array_equal(lung, apply_windows(hu, ["lung"])["lung"])
+
+
+@pytest.mark.slow
+def test_a_patch_size_changed_for_one_scan_never_mixes_into_the_dataset(dagster_env):
+    """Patch size changed to 32³ and one scan rebuilt: the reader takes one patch shape for
+    every sample, so the dataset keeps the keys of one patch size and withholds the other,
+    naming the setting and the stage to build again."""
+    from graph import dataset_assets, materialize
+
+    _, resources, instance = dagster_env
+    discover(instance, resources, "ct")
+    keys = ["train_1_a_1", "train_1_a_2"]
+    for key in keys:
+        assert build(resources, instance, "ct", key).success
+    values = {**resources["ct_settings"].model_dump(), "patch_zyx": [32, 32, 32]}
+    changed = {**resources, "ct_settings": CTSettings(**values)}
+    assert build(changed, instance, "ct", keys[0]).success
+    dataset = [a for a in dataset_assets() if a.key.path == ["ct_dataset"]]
+    assert materialize(dataset, instance, resources=resources).success
+    store = resources["zarr_store"].store()
+    manifest = store.read_manifest("ct")
+    [kept] = manifest["keys"]
+    [(withheld, why)] = manifest["failed"].items()
+    assert {kept, withheld} == set(keys)
+    assert "ct_patches was built with patch_zyx=" in why[0]
+    assert why[0].endswith("build ct_patches again")

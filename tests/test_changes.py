@@ -1,6 +1,7 @@
 """Manifests and record summaries proportional to what changed: the per-asset change log of
 commit intents, the incremental dataset manifest, and the loud full scan without a log."""
 
+import json
 import logging
 
 import numpy as np
@@ -186,3 +187,64 @@ def test_a_key_mixing_two_builds_of_a_stage_is_left_out_and_back_once_rebuilt(
     }
     build(CT_WINDOWS, "k", "win-2", built_from="hu-2")
     assert store.write_dataset("ct", paths, lineage=lineage)["keys"] == ["k", "other"]
+
+
+def test_a_dataset_never_mixes_two_values_of_a_setting_its_readers_take_per_dataset(
+    tmp_path, monkeypatch
+):
+    """Patch size changed to 32³ and one scan rebuilt: CTPatchDataset takes one patch shape
+    for every sample, so the manifest keeps the keys built with the current value and names
+    the others and the stage to build again; without the current settings the most common
+    value wins.  The incremental manifest agrees with a full one at every step, reading only
+    the changed keys (and one kept key's records) while the current value is the kept one."""
+    from zarrfeed.families.ct import CT_HU, CT_PATCHES
+    from zarrfeed.store import provenance
+
+    monkeypatch.setattr(zarrstore, "MARGIN_S", 0.0)
+    store = ZarrStore(tmp_path / "s.zarr")
+    lineage, paths = (CT_HU, CT_PATCHES), [CT_HU.path, CT_PATCHES.path]
+    big, small = [64, 64, 64], [32, 32, 32]
+
+    def build(key: str, patch: list[int]) -> None:
+        for spec in lineage:
+            params = {"patch_zyx": patch} if spec is CT_PATCHES else {}
+            attrs = provenance(f"{key}.nii.gz", None, "1", params, fingerprint=f"{key}{patch}")
+            with store.write_partition(spec.path, key, attrs) as w:
+                w.write("x", np.zeros((4, 4), np.int16))
+
+    def dataset(patch: list[int] | None) -> dict:
+        settings = None if patch is None else {"patch_zyx": patch}
+        manifest = store.write_dataset("ct", paths, lineage=lineage, settings=settings)
+        fresh = ZarrStore(store.url)
+        fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "manifests"))
+        whole = fresh.write_dataset("ct", paths, lineage=lineage, settings=settings)
+        assert without_positions(manifest) == without_positions(whole)
+        return manifest
+
+    def why(patch: list[int], dataset_patch: list[int]) -> list[str]:
+        return [
+            f"ct_patches was built with patch_zyx={json.dumps(patch)}, which readers take per "
+            f"dataset, and the dataset's is {json.dumps(dataset_patch)}: build ct_patches again"
+        ]
+
+    for key in ("a", "b", "c"):
+        build(key, big)
+    assert dataset(big)["keys"] == ["a", "b", "c"]
+    build("a", small)  # the settings changed, one scan rebuilt
+    manifest = dataset(small)
+    assert manifest["keys"] == ["a"]
+    assert manifest["failed"] == {"b": why(big, small), "c": why(big, small)}
+    majority = dataset(None)  # no current settings: the most common value
+    assert majority["keys"] == ["b", "c"] and majority["failed"] == {"a": why(small, big)}
+    dataset(small)
+    build("b", small)
+    with monkeypatch.context() as patched:
+        reads = counting(store, patched)
+        manifest = store.write_dataset("ct", paths, lineage=lineage, settings={"patch_zyx": small})
+    assert reads == {path: ["b"] for path in paths}  # incremental: the current value is kept
+    assert manifest["keys"] == ["a", "b"] and manifest["failed"] == {"c": why(big, small)}
+    build("c", [16, 16, 16])  # another value again, while the kept one is the current one
+    manifest = dataset(small)
+    assert manifest["keys"] == ["a", "b"] and manifest["failed"] == {"c": why([16] * 3, small)}
+    build("c", small)
+    assert dataset(small)["keys"] == ["a", "b", "c"]

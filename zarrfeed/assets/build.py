@@ -4,7 +4,8 @@ A family's builder supplies a :class:`~zarrfeed.families.Step` per partition —
 fingerprint inputs, how to produce its arrays, how to check them — and
 :func:`build_partition` does the rest the same way for all:
 
-1. the fingerprint from the contract (code version, declared settings, inputs);
+1. the fingerprint from the contract (code version, declared settings, inputs: the raw
+   item, or the upstream partitions' fingerprints and content digests);
 2. reuse when the committed partition has that fingerprint and its stored data still reads,
    matches its recorded checksums and passes the checks (stored data that does not is
    rebuilt: corruption heals itself);
@@ -39,7 +40,7 @@ from zarrfeed.families.stages import Checks, Step
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_checksum, recorded_checksums
-from zarrfeed.store.contract import UPSTREAM, StoredAsset, stale_reason
+from zarrfeed.store.contract import CONTENT, UPSTREAM, StoredAsset, content_digest, stale_reason
 from zarrfeed.workerpool import run_in_processes, start_problem, warm_up
 
 # Backfills run this many partitions per run, raw ingest included (every partitioned asset
@@ -160,6 +161,7 @@ def build_partition(
         **step.attrs,
     )
     attrs[ATTR] = {name: array_checksum(d) for name, d in arrays.items()}
+    attrs[CONTENT] = content_digest(attrs[ATTR])  # what stages built from it fingerprint
     with store.write_partition(spec.path, key, attrs) as w:
         for name, data in arrays.items():
             a = spec.array(name)

@@ -55,8 +55,11 @@ def withheld(store: ZarrStore, catalog: RawCatalog, family: Family) -> dict[str,
     return held | duplicates(family.name, store.record_summaries(head.path), index, skip=held)
 
 
-def dataset_asset(family: Family) -> dg.AssetsDefinition:
-    """The manifest asset of ``family``: its keys complete in every stage, its tables."""
+def dataset_asset(family: Family, settings: Mapping[str, Any] | None = None) -> dg.AssetsDefinition:
+    """The manifest asset of ``family``: its keys complete in every stage, its tables.
+    ``settings``: the family's settings values (default: its defaults), whose values of the
+    settings readers take per dataset win over other builds'."""
+    values = family.values(settings)
     name = family.dataset_asset
 
     def spec(check: str, text: str, blocking: bool = True) -> dg.AssetCheckSpec:
@@ -90,7 +93,7 @@ def dataset_asset(family: Family) -> dg.AssetsDefinition:
         store = zarr_store.store()
         paths = [a.path for a in family.assets]
         held = withheld(store, zarr_store.catalog(family.name), family)
-        plan = store.plan_dataset(family.name, paths, held, lineage=family.assets)
+        plan = store.plan_dataset(family.name, paths, held, family.assets, values)
         keys = plan.keys
         consolidated: dict[str, Any] = {
             t.name: store.consolidate(

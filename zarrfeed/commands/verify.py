@@ -3,7 +3,10 @@ committed partition re-read and compared with what was recorded when it was buil
 
 - each array opens with its recorded shape and dtype, and its content checksum
   (:mod:`zarrfeed.store.checksums`) matches the recorded one;
-- a first-stage partition's raw source still hashes to the recorded ``source_sha256``.
+- a first-stage partition's raw source still hashes to the recorded ``source_sha256``;
+- a later stage's partition was built from the upstream partitions committed now (their
+  fingerprint and content digest, ``store.contract.identity``): one built from an upstream
+  since rebuilt with other content no longer matches it, whatever its own checksums say.
 
 A difference is a *mismatch*, named; a partition built before checksums were recorded, or
 whose source is gone or cannot be read, is *unverified* and says why and what to do.  Either
@@ -23,7 +26,7 @@ from zarrfeed.families import Family
 from zarrfeed.sources.raw import is_hub, item_sha256, missing_source
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.checksums import recorded_checksums
-from zarrfeed.store.contract import SOURCE, StoredAsset
+from zarrfeed.store.contract import SOURCE, StoredAsset, upstream_changed
 
 
 @dataclass
@@ -73,8 +76,26 @@ def verify_partition(
         )
     if SOURCE in spec.inputs:
         mismatches += _source(family, key, attrs, catalog, notes)
+    mismatches += _upstream(store, family, spec, key, attrs)
     status = "MISMATCH" if mismatches else ("unverified" if notes else "ok")
     return Finding(spec.name, key, status, mismatches + notes)
+
+
+def _upstream(
+    store: ZarrStore, family: Family, spec: StoredAsset, key: str, attrs: dict[str, Any]
+) -> list[str]:
+    """The upstream partitions committed now that are not the ones the partition was built
+    from (a missing one is the upstream's own finding)."""
+    upstream = {}
+    for name in spec.upstream:
+        up = family.stored(name)
+        if store.has_partition(up.path, key):
+            upstream[name] = store.commit_record(up.path, key)["attrs"]
+    return [
+        f"built from another build of {name} than the one committed now (its content or "
+        f"fingerprint changed): build {spec.name} again"
+        for name in upstream_changed(spec, attrs, upstream)
+    ]
 
 
 def _source(

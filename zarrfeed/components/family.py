@@ -42,7 +42,7 @@ def family_defs(family: Family, settings: Mapping[str, Any] | None = None) -> dg
     jobs = [job, manifest, *([hub_job(family)] if family.hub else [])]
     hub = [hub_asset(family)] if family.hub else []
     return dg.Definitions(
-        assets=[*family_assets(family, values), dataset_asset(family), *hub],
+        assets=[*family_assets(family, values), dataset_asset(family, values), *hub],
         jobs=jobs,
         sensors=[discovery_sensor(family, job, manifest)],
         schedules=[nightly_schedule(family, job, values)],

@@ -132,6 +132,7 @@ CT_SPARSE = StoredAsset(
     "where its windowed value exceeds the threshold, on a sparse_grid³ grid (TRELLIS-style) "
     "or at full resolution.",
     params=("windows", "sparse_threshold", "sparse_grid", "min_points"),  # min_points: its check
+    per_dataset=("sparse_grid",),  # the sparse task sizes its model from one grid
     inputs=(CT_HU.name,),
     checks=(Check("min_points", "Every window has at least min_points occupied cells."), IN_BOUNDS),
 )
@@ -147,6 +148,7 @@ CT_PATCHES = StoredAsset(
     description="Origins of the patches that are mostly body, with their body fractions: "
     "training samples patches from this index instead of rejecting air at load time.",
     params=("patch_zyx", "patch_stride_zyx", "body_hu", "min_body_fraction"),
+    per_dataset=("patch_zyx",),  # CTPatchDataset cuts every patch to one shape
     inputs=(CT_HU.name,),
     checks=(NON_EMPTY, IN_BOUNDS),
 )

@@ -32,7 +32,7 @@ from zarrfeed.families.stages import Inputs, Step
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import Scan, source_identity
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.contract import SOURCE, Check, StoredAsset, stale_reason
+from zarrfeed.store.contract import CONTENT, SOURCE, Check, StoredAsset, identity, stale_reason
 from zarrfeed.store.layout import dataset_path
 
 # item -> (metadata, readable?, facts for the readable check)
@@ -197,14 +197,27 @@ class Family:
         return self.settings.model_validate(dict(settings or {})).model_dump()
 
     def expected(
-        self, settings: Mapping[str, Any], key: str, source: Mapping[str, Any]
+        self,
+        settings: Mapping[str, Any],
+        key: str,
+        source: Mapping[str, Any],
+        committed: Mapping[str, Mapping[str, Any] | None] | None = None,
     ) -> dict[str, str]:
         """The fingerprint each stored asset's partition ``key`` should have now, given the
-        raw item's identity ``source`` (assets in dependency order)."""
+        raw item's identity ``source`` (assets in dependency order).
+
+        A stage built from another's takes that partition's content digest into its
+        fingerprint: ``committed`` (asset name → the partition's record summary) gives it
+        where the committed partition is current (otherwise it will be rebuilt, and what is
+        built from it with it); without, upstream content is taken as unknown."""
         out: dict[str, str] = {}
+        built: dict[str, str] = {}  # asset name -> its identity, an input of the next stages
         for spec in self.assets:
-            inputs = {i: (source if i == SOURCE else out[i]) for i in spec.inputs}
-            out[spec.name] = spec.fingerprint(settings, key, inputs)
+            inputs = {i: (source if i == SOURCE else built[i]) for i in spec.inputs}
+            out[spec.name] = fingerprint = spec.fingerprint(settings, key, inputs)
+            attrs = ((committed or {}).get(spec.name) or {}).get("attrs") or {}
+            current = attrs.get("fingerprint") == fingerprint
+            built[spec.name] = identity(fingerprint, attrs.get(CONTENT) if current else None)
         return out
 
     def out_of_date(
@@ -241,7 +254,8 @@ class Family:
                 reasons[key] = "raw item changed"
                 continue
             source = source_identity(item, head["attrs"]["source_sha256"])
-            expected = self.expected(settings, key, source)
+            committed = {s.name: records[s.name].get(key) for s in self.assets}
+            expected = self.expected(settings, key, source, committed)
             for spec in self.assets:
                 why = stale_reason(records[spec.name].get(key), expected[spec.name])
                 if why:

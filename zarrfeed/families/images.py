@@ -65,6 +65,7 @@ IMAGE_PATCHES = StoredAsset(
     description="Patch origins (image, y, x) whose foreground fraction passes the filter: "
     "training crops first, then processes.",
     params=("patch_yx", "stride_yx", "foreground", "min_foreground_fraction"),
+    per_dataset=("patch_yx",),  # the patch dataset crops every patch to one shape
     inputs=(IMAGE_STORE.name,),
     checks=(
         Check("non_empty", "At least one patch passed the filter."),

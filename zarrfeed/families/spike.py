@@ -49,6 +49,7 @@ SPIKE_VOXELS = StoredAsset(
     description="uint8 (samples, bins, H, W) spike counts: each sample's camera frames "
     "summed per bin.",
     params=("bins",),
+    per_dataset=("bins",),  # the deblurring model's input channels and voxel scale
     checks=(Check("counts_valid", "Spike counts per bin never exceed the frames the bin sums."),),
 )
 SPIKE_FRAMES = StoredAsset(

@@ -9,8 +9,12 @@ schedules and training's readers all derive from them, and share one notion of "
 
     a partition is current when its committed fingerprint equals the fingerprint computed now
     from the asset's code version, the settings it declares, and its inputs (the raw item's
-    content hash and evidence for the first stage, the upstream partitions' fingerprints for
-    the others).
+    content hash and evidence for the first stage, the upstream partitions' *identities* —
+    fingerprint and content digest, :func:`identity` — for the others).
+
+Fingerprints hash inputs, and an upstream rebuilt with other content under the same
+fingerprint (a forced rebuild after a library upgrade, a healed corruption that the derived
+stage had read) must still make what was built from it stale: hence the content digest.
 
 Settings are plain values here, so this module imports no Dagster.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +31,11 @@ from typing import Any
 from zarrfeed.store.codecs import Content, Read
 
 SOURCE = "source"  # the input name of the raw item (its content hash and evidence)
-# The partition attribute naming the fingerprint of each upstream partition it was built from.
+# The partition attribute naming the identity (:func:`identity`) of each upstream partition
+# it was built from (the name is older than the content digest in it).
 UPSTREAM = "upstream_fingerprints"
+# The partition attribute holding one digest of its arrays' recorded content checksums.
+CONTENT = "content_digest"
 
 
 @dataclass(frozen=True)
@@ -63,10 +71,18 @@ class StoredAsset:
     arrays: tuple[ArraySpec, ...]
     description: str
     params: tuple[str, ...] = ()  # settings that shape every partition
+    # Of ``params``, those training's readers take once per dataset (a patch size, a grid, a
+    # binning), not per partition: a dataset never mixes partitions built with two values.
+    per_dataset: tuple[str, ...] = ()
     keyed_params: tuple[str, ...] = ()  # mappings of settings by partition key (overrides)
     inputs: tuple[str, ...] = (SOURCE,)  # SOURCE and/or names of upstream stored assets
     checks: tuple[Check, ...] = ()  # blocking: a partition failing one never enters a dataset
     kinds: frozenset[str] = frozenset({"zarr", "numpy"})
+
+    def __post_init__(self) -> None:
+        undeclared = [p for p in self.per_dataset if p not in self.params]
+        if undeclared:
+            raise ValueError(f"{self.name}: per_dataset {undeclared} are not among its params")
 
     def settings_of(self, settings: Mapping[str, Any], key: str | None = None) -> dict[str, Any]:
         """The declared settings (and, with ``key``, that partition's keyed settings)."""
@@ -116,6 +132,41 @@ class StoredAsset:
         raise KeyError(f"{self.name} declares no array {name!r}")
 
 
+def content_digest(checksums: Mapping[str, str]) -> str:
+    """One digest of a partition's array checksums (name → checksum, any hash): what a
+    stage built from the partition takes into its fingerprint, so it changes with any array's
+    content, and nothing is read to compute it."""
+    return _digest(sorted(checksums.items()))[:32]
+
+
+def identity(fingerprint: str, digest: str | None) -> str:
+    """What a stage records of (and fingerprints) an upstream partition it is built from: its
+    fingerprint and content digest.  A partition committed before digests were recorded is
+    its fingerprint alone, so what was built from it stays current until it is rebuilt."""
+    return f"{fingerprint}+{digest}" if digest else fingerprint
+
+
+def identity_of(attrs: Mapping[str, Any]) -> str | None:
+    """The :func:`identity` of a committed partition from its attributes (or a summary's)."""
+    fingerprint = attrs.get("fingerprint")
+    return None if fingerprint is None else identity(fingerprint, attrs.get(CONTENT))
+
+
+def upstream_changed(
+    spec: StoredAsset, attrs: Mapping[str, Any], upstream: Mapping[str, Mapping[str, Any] | None]
+) -> list[str]:
+    """The stages ``spec``'s partition (``attrs``) reads whose committed partition
+    (``upstream``: stage name → its attributes) is not the one it was built from.
+    Partitions that do not record what they were built from are taken as they are."""
+    changed = []
+    for up in spec.upstream:
+        built_from = (attrs.get(UPSTREAM) or {}).get(up)
+        now = identity_of(upstream.get(up) or {})
+        if built_from is not None and now is not None and now != built_from:
+            changed.append(up)
+    return changed
+
+
 def stale_reason(record: Mapping[str, Any] | None, expected: str) -> str | None:
     """Why a partition with commit ``record`` is out of date, or None when it is current.
 
@@ -143,17 +194,107 @@ def mixed_builds(
     arrays of two volumes until it is built again.  ``lineage``: the stored assets whose
     dependencies are followed; partitions that do not record what they were built from are
     taken as they are."""
-    paths = {spec.name: spec.path for spec in lineage}
-    why = []
+    attrs = {s.name: (summaries.get(s.path) or {}).get("attrs") or {} for s in lineage}
+    return [
+        f"{spec.name} was built from another build of {up}: build it again"
+        for spec in lineage
+        for up in upstream_changed(spec, attrs[spec.name], attrs)
+    ]
+
+
+# Part of every reason :func:`mixed_settings` gives, so that a dataset's previous verdicts
+# can be told apart (:func:`changed_settings`).
+PER_DATASET = "which readers take per dataset"
+
+
+def built_with(
+    lineage: Sequence[StoredAsset], summaries: Mapping[str, Mapping[str, Any] | None]
+) -> dict[tuple[str, str], Any]:
+    """(stage name, setting) → the value one key's partitions (``summaries``: store path →
+    record summary) were built with, for each per-dataset setting of ``lineage``; a
+    partition that records no such value (none yet, or built before) has none."""
+    out = {}
     for spec in lineage:
-        attrs = (summaries.get(spec.path) or {}).get("attrs") or {}
-        for up in spec.upstream:
-            built_from = (attrs.get(UPSTREAM) or {}).get(up)
-            upstream = summaries.get(paths.get(up, "")) or {}
-            now = (upstream.get("attrs") or {}).get("fingerprint")
-            if built_from is not None and now is not None and now != built_from:
-                why.append(f"{spec.name} was built from another build of {up}: build it again")
-    return why
+        params = ((summaries.get(spec.path) or {}).get("attrs") or {}).get("params") or {}
+        out |= {(spec.name, p): params[p] for p in spec.per_dataset if p in params}
+    return out
+
+
+def mixed_settings(
+    lineage: Sequence[StoredAsset],
+    samples: Mapping[str, Mapping[str, Mapping[str, Any] | None]],
+    current: Mapping[str, Any] | None = None,
+) -> dict[str, list[str]]:
+    """Key → why it is left out of a dataset of the keys ``samples`` (key → store path →
+    record summary): one of its partitions was built with another value of a setting its
+    readers take once per dataset (``StoredAsset.per_dataset``) than the dataset's.
+
+    The dataset's value is the ``current`` settings' when any key was built with it (what
+    was asked for wins, and the others are named to be rebuilt), else the most common one
+    (ties: the smallest as JSON), so the dataset never shrinks to nothing while the settings
+    point at a value not built yet.  Partitions that record no value are taken as they are.
+    """
+    if not any(spec.per_dataset for spec in lineage):
+        return {}
+    values = {k: built_with(lineage, s) for k, s in samples.items()}
+    counts: dict[tuple[str, str], Counter[str]] = {}
+    for found in values.values():
+        for setting, value in found.items():
+            counts.setdefault(setting, Counter())[_json(value)] += 1
+    chosen = {}
+    for (stage, name), seen in counts.items():
+        wanted = _json(current[name]) if current is not None and name in current else None
+        chosen[(stage, name)] = wanted if wanted in seen else min(seen, key=lambda v: (-seen[v], v))
+    return {k: why for k, found in values.items() if (why := _differ(found, chosen))}
+
+
+def changed_settings(
+    lineage: Sequence[StoredAsset],
+    kept: Mapping[str, Mapping[str, Any] | None] | None,
+    samples: Mapping[str, Mapping[str, Mapping[str, Any] | None]],
+    current: Mapping[str, Any] | None,
+    failed: Mapping[str, Sequence[str]],
+) -> dict[str, list[str]] | None:
+    """:func:`mixed_settings` for the keys ``samples`` that changed since a dataset's
+    previous manifest, judged against ``kept``: the summaries of a key that manifest kept and
+    that did not change (every key it kept was built with the same values); ``failed`` is
+    why it left keys out.  None when the dataset's value of a setting may change, so every
+    key must be judged again: no such key, or one that records no value; or the kept value
+    is not the ``current`` one and a changed key has another value or keys were left out for
+    another value (which now could be the most common)."""
+    if not any(spec.per_dataset for spec in lineage):
+        return {}
+    if kept is None:
+        return None
+    reference = built_with(lineage, kept)
+    if len(reference) < sum(len(spec.per_dataset) for spec in lineage):
+        return None
+    values = {k: built_with(lineage, s) for k, s in samples.items()}
+    chosen = {setting: _json(value) for setting, value in reference.items()}
+    earlier = any(PER_DATASET in why for reasons in failed.values() for why in reasons)
+    for (stage, name), value in chosen.items():
+        if current is not None and name in current and _json(current[name]) == value:
+            continue  # the current value, kept: it stays the dataset's whatever changed
+        others = any(_json(v.get((stage, name), value)) != value for v in values.values())
+        if earlier or others:
+            return None
+    return {k: why for k, found in values.items() if (why := _differ(found, chosen))}
+
+
+def _differ(
+    found: Mapping[tuple[str, str], Any], chosen: Mapping[tuple[str, str], str]
+) -> list[str]:
+    return [
+        f"{stage} was built with {name}={_json(value)}, {PER_DATASET}, and the dataset's is "
+        f"{chosen[(stage, name)]}: build {stage} again"
+        for (stage, name), value in found.items()
+        if _json(value) != chosen[(stage, name)]
+    ]
+
+
+def _json(value: Any) -> str:
+    """A setting's value as canonical JSON (lists and tuples alike), to compare and show."""
+    return json.dumps(_plain(value), sort_keys=True)
 
 
 def _plain(value: Any) -> Any:

@@ -20,7 +20,7 @@ import xxhash
 import zarrfeed
 from zarrfeed.store import jsonio
 
-ROWS_LAYOUT = 1
+ROWS_LAYOUT = 2  # 2: the kept keys agree on every per-dataset setting
 
 
 class Rows:

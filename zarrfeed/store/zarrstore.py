@@ -49,7 +49,15 @@ from zarrfeed.store.bulk import gc_paused
 from zarrfeed.store.changes import DELETED, MARGIN_S, ChangeLog, ChangeLogError, Intent, now_ns
 from zarrfeed.store.chunkio import ChunkedArray, write_from
 from zarrfeed.store.codecs import Content, Read, chunks_for, compressors_for
-from zarrfeed.store.contract import UPSTREAM, StoredAsset, failed_checks, mixed_builds
+from zarrfeed.store.contract import (
+    CONTENT,
+    UPSTREAM,
+    StoredAsset,
+    changed_settings,
+    failed_checks,
+    mixed_builds,
+    mixed_settings,
+)
 from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META, dataset_path, manifest_path, snapshot_path
@@ -60,7 +68,9 @@ from zarrfeed.store.snapshots import Retention, Snapshots
 LAYOUT = 2
 # Change-log hours kept: a reader whose last look is older scans in full.
 CHANGES_KEPT_S = 7 * 86400.0
-INDEX_LAYOUT = 2  # of .zarrfeed/indexes/<asset>.json: {layout, position, partitions}
+# Of .zarrfeed/indexes/<asset>.json: {layout, position, partitions}; 3: summaries hold the
+# params (the per-dataset settings' values, contract.mixed_settings), so older ones are read again.
+INDEX_LAYOUT = 3
 _log = logging.getLogger(__name__)
 # A version no record names is a writer's work in progress until it is this old.
 VERSION_GRACE_S = 3600.0
@@ -728,11 +738,12 @@ class ZarrStore:
         assets: list[str],
         withheld: Mapping[str, list[str]] | None = None,
         lineage: Sequence[StoredAsset] = (),
+        settings: Mapping[str, Any] | None = None,
         retention: Retention | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
         """:meth:`plan_dataset` and :meth:`publish_dataset`, for a dataset without tables."""
-        plan = self.plan_dataset(name, assets, withheld, lineage)
+        plan = self.plan_dataset(name, assets, withheld, lineage, settings)
         return self.publish_dataset(plan, retention=retention, **extra)
 
     @gc_paused()  # 200,000 summaries and manifest entries, none of them garbage
@@ -742,6 +753,7 @@ class ZarrStore:
         assets: list[str],
         withheld: Mapping[str, list[str]] | None = None,
         lineage: Sequence[StoredAsset] = (),
+        settings: Mapping[str, Any] | None = None,
     ) -> DatasetPlan:
         """The next version of dataset ``name``, not yet visible: the keys committed in all
         of ``assets`` whose partitions passed every blocking check and make one sample.
@@ -753,13 +765,16 @@ class ZarrStore:
         source is in doubt (two raw items now claim the key), listed under ``failed`` too.
         ``lineage``: the stored assets whose dependencies a key's partitions must agree on
         (:func:`~zarrfeed.store.contract.mixed_builds`); a key that mixes two builds of a
-        stage is left out under ``failed``, naming the stage to build again.
+        stage is left out under ``failed``, naming the stage to build again; so is a key
+        built with another value of a setting its readers take per dataset than the
+        dataset's (:func:`~zarrfeed.store.contract.mixed_settings`: the ``settings`` now,
+        where any key was built with them, else the most common value).
         The plan's keys and pinned versions are what the dataset's tables are built from
         before :meth:`publish_dataset` makes it the current version.
         """
         held = {k: list(v) for k, v in (withheld or {}).items()}
-        rows = self._updated_rows(name, assets, held, lineage) or self._full_rows(
-            assets, held, lineage
+        rows = self._updated_rows(name, assets, held, lineage, settings) or self._full_rows(
+            assets, held, lineage, settings
         )
         return DatasetPlan(name, rows)
 
@@ -801,7 +816,11 @@ class ZarrStore:
         return self._meta("manifests", f"{check_asset(name)}.rows")
 
     def _full_rows(
-        self, assets: list[str], withheld: dict[str, list[str]], lineage: Sequence[StoredAsset]
+        self,
+        assets: list[str],
+        withheld: dict[str, list[str]],
+        lineage: Sequence[StoredAsset],
+        settings: Mapping[str, Any] | None = None,
     ) -> Rows:
         """:meth:`write_dataset`'s rows from every asset's record summaries."""
         found = {a: self._summaries(a) for a in assets}
@@ -818,6 +837,10 @@ class ZarrStore:
             mixed = mixed_builds(lineage, {a: records[a][k] for a in assets})
             if mixed:
                 rows.failed.setdefault(k, []).extend(mixed)
+        sound = [k for k in candidates if k not in rows.failed and k not in withheld]
+        samples = {k: {a: records[a][k] for a in assets} for k in sound} if lineage else {}
+        for k, mixed in mixed_settings(lineage, samples, settings).items():
+            rows.failed.setdefault(k, []).extend(mixed)
         for k, reasons in withheld.items():
             if k in candidates:
                 rows.failed.setdefault(k, []).extend(reasons)
@@ -835,6 +858,7 @@ class ZarrStore:
         assets: list[str],
         withheld: dict[str, list[str]],
         lineage: Sequence[StoredAsset],
+        settings: Mapping[str, Any] | None = None,
     ) -> Rows | None:
         """The previous rows of dataset ``name`` with the keys its assets' change logs name
         since then read again (a key withheld or released counts as changed); None when
@@ -857,6 +881,19 @@ class ZarrStore:
             a: {k: summarise(r) for k, r in self.commit_records(a, sorted(changed)).items() if r}
             for a in assets
         }
+        samples = {
+            k: {a: fresh[a][k] for a in assets}
+            for k in changed
+            if all(k in fresh[a] for a in assets)
+        }
+        kept = next((k for k in rows.rows if k not in changed), None)
+        if kept is not None and any(spec.per_dataset for spec in lineage):
+            reference = {a: summarise(self.commit_record(a, kept)) for a in assets}
+        else:
+            reference = None
+        settled = changed_settings(lineage, reference, samples, settings, rows.failed)
+        if settled is None:
+            return None  # the dataset's value of a per-dataset setting may change: judge all
         for k in sorted(changed):
             rows.leave_out(k)
             present = [a for a in assets if k in fresh[a]]
@@ -866,6 +903,7 @@ class ZarrStore:
                 continue
             bad = [f"{a}:{n}" for a in assets for n in failed_checks(fresh[a][k])]
             bad += mixed_builds(lineage, {a: fresh[a][k] for a in assets})
+            bad += settled.get(k, [])
             if bad or k in withheld:
                 rows.failed[k] = bad + withheld.get(k, [])
                 continue
@@ -1042,7 +1080,7 @@ def _young_enough(asset: str, key: str, version: str) -> None:
 
 
 PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")
-SUMMARY_ATTRS = (*PROVENANCE, "source_stamp", UPSTREAM)
+SUMMARY_ATTRS = (*PROVENANCE, "source_stamp", UPSTREAM, CONTENT, "params")
 
 
 def _next_position(looked: int, intents: list[Intent], found: dict[str, Any]) -> int:
