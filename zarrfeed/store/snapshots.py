@@ -19,7 +19,6 @@ names are never collected (:meth:`zarrfeed.store.ZarrStore.collect_garbage`): th
 
 from __future__ import annotations
 
-import calendar
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -30,8 +29,9 @@ from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.keys import check_asset
 from zarrfeed.store.layout import manifest_path, meta, snapshot_path
+from zarrfeed.store.stamps import PATTERN, match, stamp
 
-ID = re.compile(r"(\d{8}T\d{6})(\d{3})Z-([0-9a-f]{16})")
+ID = re.compile(rf"({PATTERN})-([0-9a-f]{{16}})")
 HISTORY_KEPT = 64  # superseded ids the pointer remembers, with when they were superseded
 
 
@@ -52,22 +52,17 @@ class Retention:
 
 
 def new_id(digest: str, now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    return f"{stamp}{int(now * 1000) % 1000:03d}Z-{digest[:16]}"
+    return f"{stamp(now)}-{digest[:16]}"
 
 
 def id_time(snapshot: str) -> float | None:
     """When snapshot ``snapshot`` was written; None for a name that is no id."""
-    m = ID.fullmatch(snapshot)
-    if not m:
-        return None
-    return calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%S")) + int(m.group(2)) / 1000
+    return match(ID, snapshot)
 
 
 def id_digest(snapshot: str) -> str | None:
     m = ID.fullmatch(snapshot)
-    return m.group(3) if m else None
+    return m.group(2) if m else None
 
 
 def is_id(value: str | None) -> bool:

@@ -24,7 +24,6 @@ store.
 
 from __future__ import annotations
 
-import calendar
 import json
 import logging
 import re
@@ -64,6 +63,8 @@ from zarrfeed.store.layout import META, dataset_path, manifest_path, snapshot_pa
 from zarrfeed.store.leases import Lease, live
 from zarrfeed.store.rows import Rows, asset_summary
 from zarrfeed.store.snapshots import Retention, Snapshots
+from zarrfeed.store.stamps import PATTERN, match
+from zarrfeed.store.stamps import stamp as new_stamp
 
 LAYOUT = 2
 # Change-log hours kept: a reader whose last look is older scans in full.
@@ -75,23 +76,18 @@ _log = logging.getLogger(__name__)
 # A version no record names is a writer's work in progress until it is this old.
 VERSION_GRACE_S = 3600.0
 LISTINGS_KEPT = 4096  # version listings a store keeps (each a set of its object paths)
-_VERSION = re.compile(r"v(\d{8}T\d{6})(\d{3})Z-[0-9a-f]{8}")
+_VERSION = re.compile(rf"v({PATTERN})-[0-9a-f]{{8}}")
 
 
 def new_version(now: float | None = None) -> str:
     """A unique, sortable version name that carries its creation time (object stores give
     folders no mtime): ``v20261123T180102123Z-3fa2b1c4``."""
-    now = time.time() if now is None else now
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    return f"v{stamp}{int(now * 1000) % 1000:03d}Z-{uuid.uuid4().hex[:8]}"
+    return f"v{new_stamp(now)}-{uuid.uuid4().hex[:8]}"
 
 
 def version_time(name: str) -> float | None:
     """Creation time of a version name; None for anything that is not one."""
-    m = _VERSION.fullmatch(name)
-    if not m:
-        return None
-    return calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%S")) + int(m.group(2)) / 1000
+    return match(_VERSION, name)
 
 
 @dataclass
