@@ -62,6 +62,11 @@ class NaiveCTPatches(Dataset):
         self.labels, self.files, self.rescale = ours.labels, files, rescale
         self.spacing = spacing  # the store's, so that the patch origins cut the same patches
         self.label_names, self.store, self.dataset = ours.label_names, ours.store, ours.dataset
+        self.ours, self.keys, self.dataset_version = ours, ours.keys, ours.dataset_version
+
+    def close(self) -> None:
+        """Release the store dataset it takes its index from (and that one's lease)."""
+        self.ours.close()
 
     def __len__(self) -> int:
         return len(self.items)

@@ -12,8 +12,10 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
 def bench_names(script: str, *args: str) -> set[str]:
-    out = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick", *args],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick", *args],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    out = done.stdout
     lines = [ln for ln in out.splitlines() if ln.startswith("BENCH")]
     assert all(BENCH_LINE.match(ln) for ln in lines), lines
     return {BENCH_LINE.match(ln).group(1) for ln in lines}

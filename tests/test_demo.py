@@ -23,10 +23,13 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pytest
 from dagsterdev import start_dagster_dev, wait_for
 from PIL import Image
 from test_cli import zarrfeed
+
+from zarrfeed.samples import make_inspection
 
 # The session's demo build (~3 min on 2 cores) counts against the first test that uses it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -191,9 +194,12 @@ def dev(demo):
     tmp, env, _ = demo
     with instance_at(env["DAGSTER_HOME"]) as instance:
         before = instance.get_latest_materialization_event(MODEL).run_id
-    # a new inspection set: discovery → images_build → images_dataset → the model
-    raw = Path(env["ZARRFEED_RAW"]) / "inspection"
-    shutil.copytree(raw / "test", raw / "extra")
+    # a new inspection set (new images: a copy of a set would be withheld as a duplicate):
+    # discovery → images_build → images_dataset → the model
+    made = list(make_inspection(tmp / "new_set", 4, np.random.default_rng(99)))
+    (Path(env["ZARRFEED_RAW"]) / "inspection" / "extra").mkdir()
+    for path in made:
+        shutil.move(path, Path(env["ZARRFEED_RAW"]) / "inspection" / "extra" / path.name)
     log = tmp / "dagster_dev.log"
     with start_dagster_dev(env, log) as port:
         yield port, log, before

@@ -133,6 +133,25 @@ def test_an_unchanged_build_keeps_its_version_id(tmp_path):
     assert store.snapshots.ids("ct") == [manifest["id"]]
 
 
+def test_a_build_with_the_same_data_and_another_report_keeps_the_id_and_tells_the_truth(
+    tmp_path,
+):
+    """A key left out as incomplete, then deleted: training reads the same, so the id stays
+    (no retraining on identical data), but the snapshot no longer reports the key."""
+    store = ZarrStore(tmp_path / "s.zarr")
+    build(store, 0)
+    with store.write_partition("ct/windows", "half", provenance("test", None, "1")) as w:
+        w.write("lung", np.zeros(SHAPE, np.float16))
+    manifest = publish(store)
+    assert manifest["incomplete"] == ["half"]
+    store.delete_partition("ct/windows", "half")
+    again = publish(store)
+    assert again["id"] == manifest["id"] and again["incomplete"] == []
+    assert store.read_manifest("ct")["incomplete"] == []
+    assert store.read_manifest("ct", manifest["id"])["incomplete"] == []
+    assert store.snapshots.ids("ct") == [manifest["id"]]
+
+
 READER = """
 import sys, time
 from zarrfeed.training import CTPatchDataset

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from zarrfeed.errors import ConfigError, StoreError
-from zarrfeed.store import ZarrStore, provenance
+from zarrfeed.store import Retention, ZarrStore, provenance
 from zarrfeed.store import zarrstore as zarrstore_module
 from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
 from zarrfeed.training.data import arena as arena_module
@@ -104,23 +104,33 @@ def test_an_array_larger_than_the_whole_budget_is_read_by_units(tmp_path):
     assert arena.file_bytes <= budget * (1 << 30) and ds.cache.stats()["evictions"] > 0
 
 
-def test_rebuilt_partition_is_read_anew_and_its_old_version_fails_loudly(tmp_path):
+def test_rebuilt_partition_is_read_anew_while_an_open_reader_keeps_its_version(tmp_path):
+    """A rebuild never disturbs a dataset opened before it: it reads its own version until
+    closed; new datasets read the rebuilt bytes; once the old version is collected, opening
+    it by id fails loudly naming it instead of serving other bytes."""
     store = build_ct(tmp_path / "store.zarr", n=3, shape=(64, 64, 64))
     for gb in (1.0, unit_budget_gb(16)):  # in RAM, then out of core (16 slots, 3 units)
         ds = CTPatchDataset(store, cache_gb=gb)
         ds.preload()
         np.testing.assert_array_equal(ds[0]["image"][0].numpy(), expected(ds, 0))
+        ds.close()
     old = CTPatchDataset(store, cache_gb=unit_budget_gb(16))
     with store.write_partition("ct/windows", "vol_0", provenance("test", None, "2")) as w:
         w.write("lung", values((64, 64, 64), 0, offset=50))
-    store.write_dataset("ct", ["ct/windows", "ct/patches"])
+    store.write_dataset("ct", ["ct/windows", "ct/patches"], retention=Retention(last=1, days=0))
     for gb in (1.0, unit_budget_gb(16)):
         ds = CTPatchDataset(store, cache_gb=gb)
         ds.preload()
         np.testing.assert_array_equal(ds[0]["image"][0].numpy(), expected(ds, 0, offset=50))
-    old.cache.clear()  # the manifest it was built from names a version that is gone
-    with pytest.raises(RuntimeError, match=r"vol_0.*(removed|gone|does not exist)"):
-        old[0]
+        ds.close()
+    store.collect(older_than_s=0)  # the old reader's lease keeps its version
+    old.cache.clear()
+    np.testing.assert_array_equal(old[0]["image"][0].numpy(), expected(old, 0))
+    version = old.dataset_version
+    old.close()
+    store.collect(older_than_s=0)
+    with pytest.raises(StoreError, match=rf"{version}.*(collected|gone|removed)"):
+        CTPatchDataset(store, cache_gb=unit_budget_gb(16), dataset_version=version)
 
 
 def test_two_stores_with_one_relative_name_never_share_entries(tmp_path, monkeypatch):

@@ -10,8 +10,7 @@ from pydantic import Field
 from zarrfeed import defaults
 from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
-from zarrfeed.store import ZarrStore
-from zarrfeed.store.snapshots import Retention
+from zarrfeed.store import Retention, ZarrStore
 
 
 class ZarrStoreResource(dg.ConfigurableResource):
@@ -37,7 +36,7 @@ class ZarrStoreResource(dg.ConfigurableResource):
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """Tag the run with the host it executes on, so that the ``dead_runs`` sensor can
         tell a run whose process is gone (every zarrfeed step uses this resource)."""
-        run, instance = context.dagster_run, context.instance
+        run, instance = context.run, context.instance
         if run is not None and instance is not None and run.tags.get(HOST_TAG) != host_identity():
             instance.add_run_tags(run.run_id, {HOST_TAG: host_identity()})
 

@@ -5,6 +5,7 @@ from zarrfeed.store.chunkio import ChunkedArray
 from zarrfeed.store.codecs import chunks_for, compressors_for
 from zarrfeed.store.keys import check_asset, check_key, sanitise_key
 from zarrfeed.store.provenance import file_sha256, provenance
+from zarrfeed.store.snapshots import Retention
 from zarrfeed.store.zarrstore import PartitionWriter, ZarrStore
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "LocalBackend",
     "ObjectBackend",
     "PartitionWriter",
+    "Retention",
     "ZarrStore",
     "check_asset",
     "check_key",

@@ -130,6 +130,8 @@ class _Renewer:
 
 
 _RENEWER = _Renewer()
+# A fork while the renewer held its lock would leave the child's copy locked forever.
+os.register_at_fork(after_in_child=lambda: setattr(_RENEWER, "lock", threading.Lock()))
 
 
 def live(backend: Backend, now: float | None = None) -> list[dict[str, Any]]:

@@ -10,19 +10,24 @@ its id, and then moves the dataset's small pointer to it::
 
 An id is ``<UTC time>-<content digest>`` (``20261201T223815123Z-3fa2b1c45d6e7f80``): sortable
 by age, and the same digest means the same data, so a build that changes nothing keeps the
-current id (and the Dagster data version, which is the id).  The versions a retained snapshot
-names are never collected (:meth:`zarrfeed.store.ZarrStore.collect_garbage`): the last
-``Retention.last`` snapshots and all younger than ``Retention.days``, as Delta Lake's
-``VACUUM`` keeps seven days by default; a reader holding a lease
-(:mod:`zarrfeed.store.leases`) keeps its snapshot beyond that.
+current id (and the Dagster data version, which is the id); a build that changes only the
+snapshot's report of what it left out and why rewrites that snapshot, its data unchanged.
+The versions a retained snapshot names are never collected
+(:meth:`zarrfeed.store.ZarrStore.collect_garbage`): the last ``Retention.last`` snapshots
+and all younger than ``Retention.days``, as Delta Lake's ``VACUUM`` keeps seven days by
+default; a reader holding a lease (:mod:`zarrfeed.store.leases`) keeps its snapshot beyond
+that.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import xxhash
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store import jsonio
@@ -49,6 +54,12 @@ class Retention:
 
     def describe(self) -> str:
         return f"the last {self.last} versions and all younger than {self.days:g} days"
+
+
+def _seal(data: bytes) -> str:
+    """The digest of a snapshot's bytes, kept in the pointer: a build whose data is unchanged
+    rewrites the snapshot only when its report (``incomplete``, ``failed``) changed."""
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 def new_id(digest: str, now: float | None = None) -> str:
@@ -136,32 +147,38 @@ class Snapshots:
         self,
         name: str,
         digest: str,
-        manifest: dict[str, Any],
         tables: dict[str, str],
         retention: Retention,
-        write: Any,
+        write: Callable[[dict[str, Any]], bytes],
     ) -> dict[str, Any]:
-        """Make ``manifest`` (with the versions of its ``tables``) version ``digest`` of
-        ``name``: unchanged content keeps the current id; otherwise the snapshot is written
-        first and the pointer moved last, so a reader of the pointer always finds it whole.
-        ``write(extra)`` returns the manifest's bytes with ``extra`` added.  Returns what the
-        manifest gained: ``id``, ``created_unix``, ``tables``."""
+        """Make the manifest ``write(head)`` returns the bytes of (with the versions of its
+        ``tables``) version ``digest`` of ``name``: unchanged content keeps the current id;
+        otherwise the snapshot is written first and the pointer moved last, so a reader of
+        the pointer always finds it whole.  Returns the ``head`` the manifest gained:
+        ``id``, ``created_unix``, ``tables``."""
         pointer = self.pointer(name) or {}
         now = time.time()
         current = pointer.get("id")
         if current and id_digest(current) == digest[:16]:
             head = {"id": current, "created_unix": pointer["created_unix"],
                     "tables": pointer.get("tables", {})}  # fmt: skip
-            if pointer.get("retention") != asdict(retention):
-                self._point(name, {**pointer, "retention": asdict(retention)})
+            data = write(head)
+            update = {"retention": asdict(retention), "sealed": _seal(data)}
+            if any(pointer.get(k) != v for k, v in update.items()):
+                if pointer.get("sealed") != update["sealed"]:
+                    # The same data with another report (what was left out, and why): a
+                    # reader meets the old bytes or the new, both listing the same data.
+                    self.backend.write_atomic(self._path(snapshot_path(name, current)), data)
+                self._point(name, {**pointer, **update})
             return head
         head = {"id": new_id(digest, now), "created_unix": now, "tables": tables}
-        self.backend.write_atomic(self._path(snapshot_path(name, head["id"])), write(head))
+        data = write(head)
+        self.backend.write_atomic(self._path(snapshot_path(name, head["id"])), data)
         history = pointer.get("history", [])
         if current:
             history = [[current, now], *history][:HISTORY_KEPT]
         self._point(name, {"dataset": name, **head, "retention": asdict(retention),
-                           "history": history})  # fmt: skip
+                           "sealed": _seal(data), "history": history})  # fmt: skip
         return head
 
     def _point(self, name: str, pointer: dict[str, Any]) -> None:

@@ -802,7 +802,7 @@ class ZarrStore:
         def write(head: dict[str, Any]) -> bytes:
             return rows.manifest(name, self.url, {**extra, **head}, _json_default)[0]
 
-        head = self.snapshots.publish(name, digest, {}, pins, retention or Retention(), write)
+        head = self.snapshots.publish(name, digest, pins, retention or Retention(), write)
         manifest = rows.manifest(name, self.url, {**extra, **head}, _json_default)[1]
         with suppress(ZarrfeedError, OSError):  # older rows only mean more records to read
             self.backend.write_atomic(self._rows_path(name), rows.dumps(self.url))

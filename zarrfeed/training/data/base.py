@@ -160,11 +160,10 @@ class StoreDataset(Dataset):
     def read_table(
         self, path: str, name: str, arrays: list[str]
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Arrays and attributes of the dataset's table ``name`` (stored under ``path``),
-        refused unless it was written for this manifest: its keys, and the versions of the
-        partitions it gathers.  A dataset build writes its manifest, then its tables; read
-        in between (or after a build that stopped there), a table of another build would
-        pair rows with the wrong samples."""
+        """Arrays and attributes of the dataset's table ``name`` (stored under ``path``) at
+        the version this dataset version pins, refused unless it was written for this
+        manifest (its keys, and the versions of the partitions it gathers): a table of
+        another build would pair rows with the wrong samples."""
         found, attrs = self.store.read_partition(path, name, arrays, self.tables.get(name))
         source = self.manifest_assets.get(attrs.get("source_asset", ""))
         stale = attrs.get("keys") != self.keys or (
