@@ -22,7 +22,7 @@ from zarrfeed.store.codecs import codec_text
 from zarrfeed.store.contract import StoredAsset, failed_checks
 from zarrfeed.transforms.ct import apply_window
 
-PROVENANCE = ("source", "source_sha256", "code_version", "zarrfeed_version", "params")
+PROVENANCE = ("source", "source_sha256", "code_version", "zarrfeed_version", "params", "geometry")
 
 
 def stored_assets() -> list[StoredAsset]:

@@ -14,19 +14,19 @@ import json
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from zarrfeed.errors import StoreError
+from zarrfeed.errors import InputError, StoreError
 from zarrfeed.families.facts import Picture, Rows
 from zarrfeed.families.family import Extra, Family, HubSource, RawSource, Reader, Stage, Table
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_ct, read_nifti_header
 from zarrfeed.formats.discover import UNKNOWN_LABEL, read_ct_rate_labels
 from zarrfeed.formats.previews import volume_png
-from zarrfeed.formats.volume import ZYX_AXES
+from zarrfeed.formats.volume import OBLIQUE_TOLERANCE_RAD, ZYX_AXES, Volume, off_axis_angle
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import ct_item, is_hub, scan_ct
 from zarrfeed.store import ZarrStore
@@ -54,6 +54,11 @@ class CTSettings(BaseModel):
     crop_pad_zyx: list[int] = Field([], description="empty: keep the resampled extent")
     hu_overrides: dict[str, Any] = Field(
         {}, description="scan key: 'hu' (stored values are HU) or {slope, intercept}"
+    )
+    oblique: Literal["resample", "refuse"] = Field(
+        "resample",
+        description="a scan rotated off the axes: resampled onto the axis-aligned grid of "
+        "spacing_zyx_mm (recorded in the partition's geometry), or refused",
     )
     windows: list[str] = ["lung", "mediastinum", "bone"]
     sparse_threshold: float = Field(
@@ -87,14 +92,17 @@ CT_HU = StoredAsset(
     name="ct_hu",
     path="ct/hu",
     family="ct",
-    version="3",  # 3: DICOM reoriented to (S, A, R); NIfTI units and method-1 geometry
+    # 3: DICOM reoriented to (S, A, R); NIfTI units and method-1 geometry.
+    # 4: an oblique scan resampled onto the axis-aligned grid, not its rotation dropped.
+    version="4",
     arrays=(ArraySpec("hu", ZYX, "int16"),),
     description=(
         "CT volume in Hounsfield units (int16), the rescale decided from all the evidence, "
         "padding turned to air, resampled to the configured spacing, optionally cropped or "
-        "padded to a fixed shape, clipped to [-1024, 3071]."
+        "padded to a fixed shape, clipped to [-1024, 3071].  An oblique scan is resampled "
+        "onto the axis-aligned grid (or refused, by the oblique setting)."
     ),
-    params=("spacing_zyx_mm", "crop_pad_zyx"),
+    params=("spacing_zyx_mm", "crop_pad_zyx", "oblique"),
     keyed_params=("hu_overrides",),
     checks=(
         Check("hu_range", "HU volume is int16, non-empty and inside the preset's clip range."),
@@ -196,6 +204,37 @@ def describe_scan(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
     return facts, ok, {k: v for k, v in facts.items() if k != "files"}
 
 
+def axis_aligned_hu(
+    vol: Volume,
+    target: tuple[float, float, float],
+    oblique: str = "resample",
+    csv: hu.Rescale | None = None,
+    override: Any = None,
+) -> tuple[np.ndarray, tuple[float, float, float], hu.HuDecision, dict[str, Any]]:
+    """HU of ``vol`` on axis-aligned (S, A, R) voxel axes, its spacing, the HU decision and
+    the geometry for provenance.
+
+    The readers bring every scan to the nearest axes; a rotation left over beyond
+    :data:`OBLIQUE_TOLERANCE_RAD` is an oblique scan.  With ``oblique="resample"`` it is
+    resampled trilinearly onto the axis-aligned grid of spacing ``target`` covering the
+    scan (air outside, :func:`zarrfeed.transforms.ct.align_to_axes`); with ``"refuse"`` it is
+    an :class:`InputError` naming the file and the angle.
+    """
+    data, decision = vol.to_hu(csv=csv, override=override)
+    angle = off_axis_angle(vol.affine) if vol.affine is not None else 0.0
+    geometry: dict[str, Any] = {"off_axis_deg": round(float(np.degrees(angle)), 4)}
+    if vol.affine is not None:
+        geometry["affine_ras"] = np.round(vol.affine, 6).tolist()
+    if angle <= OBLIQUE_TOLERANCE_RAD:
+        return data, vol.spacing, decision, geometry | {"resampled": False}
+    found = f"voxel axes {np.degrees(angle):.2f}° off the nearest world axes (an oblique scan)"
+    if oblique != "resample":
+        raise InputError(vol.source, "an axis-aligned scan (CT setting oblique: refuse)", found)
+    data, grid = ct.align_to_axes(data, vol.affine, target, fill=hu.AIR_FILL)
+    geometry |= {"resampled": True, "affine_resampled": np.round(grid, 6).tolist()}
+    return data, tuple(float(t) for t in target), decision, geometry
+
+
 def hu_step(inputs: Inputs, key: str) -> Step:
     """HU volume of a raw scan: read (downloaded first when on the hub), rescaled as the
     evidence decides, resampled, clipped; checked against an independent recomputation."""
@@ -213,10 +252,14 @@ def hu_step(inputs: Inputs, key: str) -> Step:
         if "hu" not in state:
             vol = read_ct(ct_item(item, inputs.local(item)))
             csv = hu.Rescale(*item.evidence["csv"]) if "csv" in item.evidence else None
-            data, decision = vol.to_hu(csv=csv, override=settings["hu_overrides"].get(key))
-            state.update(hu=data, spacing=vol.spacing, decision=decision)
+            override = settings["hu_overrides"].get(key)
+            data, spacing, decision, geometry = axis_aligned_hu(
+                vol, preset.spacing, settings["oblique"], csv=csv, override=override
+            )
+            state.update(hu=data, spacing=spacing, decision=decision)
             attrs.update(
                 source_spacing_zyx_mm=list(vol.spacing),
+                geometry=geometry,
                 hu_rescale={
                     "slope": decision.slope,
                     "intercept": decision.intercept,

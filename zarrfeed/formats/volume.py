@@ -74,3 +74,17 @@ def to_ras(
     affine = affine @ nib.orientations.inv_ornt_aff(ornt, data.shape)
     zooms = tuple(zooms[int(axis)] for axis in ornt[:, 0].argsort())
     return out.transpose(2, 1, 0), affine, (zooms[2], zooms[1], zooms[0])
+
+
+# Rotations of the voxel axes up to this far (radians) off the nearest world axes are
+# rounding in the header (float32 quaternions), not an oblique acquisition.
+OBLIQUE_TOLERANCE_RAD = 1e-3
+
+
+def off_axis_angle(affine: np.ndarray) -> float:
+    """The largest angle (radians) between a voxel axis of ``affine`` and the world axis
+    nearest it: 0 for an axis-aligned scan, 30° for one rotated 30° about z.  A shear counts
+    too (its columns lean off their axes)."""
+    columns = np.asarray(affine, dtype=float)[:3, :3]
+    columns = columns / np.linalg.norm(columns, axis=0)
+    return float(np.arccos(np.clip(np.abs(columns).max(axis=0).min(), -1.0, 1.0)))

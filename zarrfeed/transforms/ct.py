@@ -94,6 +94,59 @@ def resample(volume: np.ndarray, spacing: Spacing, target: Spacing) -> np.ndarra
     return out[0, 0].numpy()
 
 
+# Output z planes per call when resampling an oblique volume: the temporaries of one call
+# stay small, whatever the volume's size.
+_ALIGN_SLAB = 16
+
+
+def align_to_axes(
+    volume: np.ndarray, affine: np.ndarray, target: Spacing, fill: float = -1024.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Trilinear resampling of a (z, y, x) volume onto an axis-aligned grid, float32.
+
+    ``affine`` maps voxel (x, y, z) of ``volume`` (its indices reversed) to RAS+ millimetres,
+    as :attr:`zarrfeed.formats.volume.Volume.affine` does, with any rotation or shear.  The
+    new grid has spacing ``target`` (z, y, x) along S, A, R and covers the bounding box of
+    the volume's voxel centres: its voxel 0 sits at the box's lowest corner.  Outside the
+    volume it is ``fill`` (air).  Returns the volume and the new grid's affine (diagonal).
+
+    Works in slabs of z planes with :func:`scipy.ndimage.affine_transform` straight from the
+    float32 input, so the only new full-size array is the result.
+    """
+    from scipy.ndimage import affine_transform
+
+    affine = np.asarray(affine, dtype=float)
+    n_xyz = np.array(volume.shape[::-1], dtype=float)
+    corners = np.array(np.meshgrid(*[[0.0, n - 1] for n in n_xyz], indexing="ij"))
+    world = affine[:3, :3] @ corners.reshape(3, -1) + affine[:3, 3:]
+    lo, hi = world.min(axis=1), world.max(axis=1)
+    t_xyz = np.array(target[::-1], dtype=float)
+    out_xyz = (np.floor((hi - lo) / t_xyz + 1e-6) + 1).astype(int)
+    grid = np.eye(4)
+    grid[:3, :3] = np.diag(t_xyz)
+    grid[:3, 3] = lo
+    # Output voxel (x, y, z) → input voxel (x, y, z); reversed to the arrays' (z, y, x).
+    to_input = np.linalg.inv(affine) @ grid
+    matrix, offset = to_input[:3, :3][::-1, ::-1], to_input[:3, 3][::-1]
+    src = np.ascontiguousarray(volume, dtype=np.float32)
+    shape = tuple(int(n) for n in out_xyz[::-1])
+    out = np.empty(shape, dtype=np.float32)
+    for z0 in range(0, shape[0], _ALIGN_SLAB):
+        z1 = min(z0 + _ALIGN_SLAB, shape[0])
+        affine_transform(
+            src,
+            matrix,
+            offset=offset + matrix[:, 0] * z0,
+            output_shape=(z1 - z0, *shape[1:]),
+            output=out[z0:z1],
+            order=1,
+            mode="constant",
+            cval=fill,
+            prefilter=False,
+        )
+    return out, grid
+
+
 def crop_or_pad(volume: np.ndarray, shape: tuple[int, ...], fill: float) -> np.ndarray:
     """Centre crop and/or symmetric pad to ``shape``; extra pad goes after, extra crop too."""
     if volume.ndim != len(shape):
