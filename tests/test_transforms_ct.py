@@ -72,33 +72,33 @@ def test_crop_or_pad_centres_against_explicit_slicing():
 
 def test_ct_clip_preset_end_to_end():
     rng = np.random.default_rng(1)
-    hu = rng.integers(-1200, 2000, size=(40, 96, 96)).astype(np.int16)
+    hu = rng.integers(-1200, 2000, size=(40, 96, 80)).astype(np.int16)
     out = ct.preprocess(hu.astype(np.float32), (5.0, 3.6, 3.6), ct.CT_CLIP)
-    assert out.shape == (240, 480, 480) and out.dtype == np.float16
+    assert out.shape == (240, 480, 480) and out.dtype == np.float32
     assert out.min() >= -1 and out.max() <= 1
     assert out[0, 0, 0] == -1 and out[-1, -1, -1] == -1  # padding
     assert ct.CT_CLIP.params()["spacing_zyx_mm"] == [1.5, 0.75, 0.75]
-    # Independent recomputation of a central voxel path: resample, clip, /1000.
-    ref = (
-        np.clip(ct.resample(hu.astype(np.float32), (5.0, 3.6, 3.6), (1.5, 0.75, 0.75)), -1000, 1000)
-        / 1000
-    )
-    got = ct.crop_or_pad(ref, (240, 480, 480), -1)
-    np.testing.assert_allclose(out.astype(np.float32), got, atol=1e-3)
+    assert ct.CT_CLIP.params()["axes"] == "zxy" and ct.CT_CLIP.params()["clip_first"]
+    # Independent recomputation: clip, resample, /1000, in-plane axes swapped, crop/pad.
+    clipped = np.clip(hu.astype(np.float32), -1000, 1000)
+    ref = ct.resample(clipped, (5.0, 3.6, 3.6), (1.5, 0.75, 0.75)) / 1000
+    got = ct.crop_or_pad(ref.transpose(0, 2, 1), (240, 480, 480), -1)
+    np.testing.assert_allclose(out, got, atol=1e-5)
 
 
-def test_ct_clip_is_a_setting_of_the_graph_hu_geometry_and_window():
+def test_ct_clip_differs_from_the_graph_hu_and_its_window_by_axes_and_clip_order():
     """The graph's ct_hu (HU preset with CT-CLIP's spacing and crop/pad) followed by the
-    ``ct-clip`` window gives CT-CLIP's volume: 2·window − 1 (within float16 and int16
-    rounding)."""
+    ``ct-clip`` window is CT-CLIP's volume only up to what the README says: the in-plane
+    axes are swapped, and clipping comes after resampling there (same where no voxel lies
+    outside [-1000, 1000]; within float16 and int16 rounding)."""
     rng = np.random.default_rng(2)
-    hu = rng.integers(-1200, 2000, size=(20, 48, 48)).astype(np.float32)
+    hu = rng.integers(-1000, 1000, size=(20, 48, 40)).astype(np.float32)
     spacing, shape = (3.0, 1.5, 1.5), (40, 64, 64)
-    clip = ct.preprocess(hu, spacing, replace(ct.CT_CLIP, shape=shape))
+    clip = ct.preprocess(hu, spacing, replace(ct.CT_CLIP, shape=shape)).transpose(0, 2, 1)
     graph = replace(ct.HU_ISOTROPIC, spacing=ct.CT_CLIP.spacing, shape=shape)
     window = ct.apply_window(ct.preprocess(hu, spacing, graph), "ct-clip", "float32")
     inside = clip > -1  # CT-CLIP pads with -1 (-1000 HU), the graph with -1024 HU
-    np.testing.assert_allclose(2 * window[inside] - 1, clip[inside].astype(np.float32), atol=2e-3)
+    np.testing.assert_allclose(2 * window[inside] - 1, clip[inside], atol=2e-3)
 
 
 @pytest.mark.parametrize("preset", [ct.HU_ISOTROPIC, ct.CT_CLIP], ids=lambda p: p.name)

@@ -10,11 +10,12 @@ from dataclasses import replace
 import nibabel as nib
 import numpy as np
 import pytest
+import torch
 from scipy.ndimage import map_coordinates
 
 from zarrfeed.errors import InputError
 from zarrfeed.families.ct import CTSettings, axis_aligned_hu
-from zarrfeed.formats import read_nifti
+from zarrfeed.formats import ct_clip_input, read_nifti
 from zarrfeed.transforms import ct, hu
 
 RAW = hu.Rescale(1.0, -1024.0)  # the CT-RATE CSV's rescale: stored = HU + 1024
@@ -134,3 +135,80 @@ def test_the_oblique_setting_enters_the_hu_fingerprint():
     before = CT.values({})
     after = CT.values({"oblique": "refuse"})
     assert CT_HU.code_version(after) != CT_HU.code_version(before)
+
+
+# --- (b) the ct-clip preset is CT-CLIP's input tensor -------------------------------------
+
+
+def ct_clip_reference(path, slope, intercept, target_hwd=(480, 480, 240)):
+    """CT-CLIP's ``nii_img_to_tensor`` (scripts/data_inference_nii.py), step by step:
+    get_fdata (X, Y, Z) → CSV rescale → clip [-1000, 1000] → (Z, X, Y) → trilinear to
+    1.5 × 0.75 × 0.75 mm, size int(n · current / target) → (X, Y, Z) → /1000 → centre crop,
+    symmetric pad with -1 → (Z, X, Y).  The spacing is (z, xy, xy) as in the CSV."""
+    img = nib.load(path)
+    data = img.get_fdata() * slope + intercept
+    data = np.clip(data, -1000, 1000).transpose(2, 0, 1)
+    zooms = img.header.get_zooms()
+    current, target = (zooms[2], zooms[0], zooms[0]), (1.5, 0.75, 0.75)
+    size = [int(n * c / t) for n, c, t in zip(data.shape, current, target, strict=True)]
+    t = torch.nn.functional.interpolate(
+        torch.tensor(data)[None, None], size=size, mode="trilinear", align_corners=False
+    )
+    t = torch.tensor((t[0, 0].numpy().transpose(1, 2, 0) / 1000).astype(np.float32))
+    starts = [max((n - m) // 2, 0) for n, m in zip(t.shape, target_hwd, strict=True)]
+    ends = [min(s + m, n) for s, m, n in zip(starts, target_hwd, t.shape, strict=True)]
+    t = t[tuple(slice(s, e) for s, e in zip(starts, ends, strict=True))]
+    pads = []
+    for n, m in zip(t.shape, target_hwd, strict=True):
+        before = (m - n) // 2
+        pads = [before, m - n - before, *pads]  # F.pad lists the last axis first
+    t = torch.nn.functional.pad(t, pads, value=-1)
+    return t.permute(2, 0, 1).numpy()
+
+
+AFFINES = {
+    "lps": np.diag([-0.9, -0.9, 3.0, 1.0]),
+    "flipped_k": np.diag([0.9, 0.9, -3.0, 1.0]),
+    "permuted": np.array([[0, -0.9, 0, 10], [0.9, 0, 0, -5], [0, 0, 3.0, 2], [0, 0, 0, 1.0]]),
+}
+
+
+@pytest.mark.parametrize("orientation", sorted(AFFINES))
+def test_ct_clip_preset_is_ct_clips_tensor(tmp_path, orientation):
+    phantom = chest((64, 54, 20), np.random.default_rng(3))  # i, j, k; metal at 3000 HU
+    path = write(tmp_path / f"{orientation}.nii.gz", phantom, AFFINES[orientation])
+    expected = ct_clip_reference(path, 1.0, -1024.0)
+    got = ct_clip_input(path, csv=RAW)
+    assert got.shape == expected.shape == (240, 480, 480) and got.dtype == np.float32
+    assert np.abs(got - expected).max() <= 1e-3
+    assert (got == -1).mean() > 0.9  # padded: the phantom is small
+
+    # Each difference the preset had before moves voxels by more than the tolerance (shown
+    # uncropped: the resampled extent is 76 × 64 × 40).
+    whole = ct_clip_reference(path, 1.0, -1024.0, (76, 64, 40))
+    vol = read_nifti(path, canonical=False)
+    data = vol.to_hu(csv=RAW)[0]
+    uncropped = replace(ct.CT_CLIP, shape=None)
+    assert np.abs(ct.preprocess(data, vol.spacing, uncropped) - whole).max() <= 1e-3
+    old_order = replace(uncropped, clip_first=False)
+    assert np.abs(ct.preprocess(data, vol.spacing, old_order) - whole).max() > 0.05
+    zyx = ct.preprocess(data, vol.spacing, replace(uncropped, axes="zyx"))
+    assert zyx.shape == (40, 64, 76) != whole.shape  # the in-plane axes transposed
+    # Reoriented to RAS first (the store's convention): flipped or transposed.
+    ras = read_nifti(path)
+    canonical = ct.preprocess(ras.to_hu(csv=RAW)[0], ras.spacing, uncropped)
+    assert canonical.shape != whole.shape or np.abs(canonical - whole).max() > 0.5
+
+
+def test_ct_clip_crops_like_ct_clip(tmp_path):
+    """A target smaller than the resampled scan on some axes: the centre crop (and the pad
+    on the others) fall where CT-CLIP's do."""
+    phantom = chest((64, 54, 20), np.random.default_rng(4))
+    path = write(tmp_path / "crop.nii.gz", phantom, AFFINES["lps"])
+    hwd = (50, 90, 24)  # x: 76 → 50 cropped, y: 64 → 90 padded, z: 40 → 24 cropped
+    expected = ct_clip_reference(path, 1.0, -1024.0, hwd)
+    vol = read_nifti(path, canonical=False)
+    preset = replace(ct.CT_CLIP, shape=(hwd[2], hwd[0], hwd[1]))
+    got = ct.preprocess(vol.to_hu(csv=RAW)[0], vol.spacing, preset)
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= 1e-3

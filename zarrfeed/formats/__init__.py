@@ -1,7 +1,7 @@
 """Readers of raw inputs.  Each error names the file, what was expected and what was found."""
 
 from zarrfeed.formats.arrays import read_array_volume, read_npy, read_npz
-from zarrfeed.formats.ct import CTItem, read_ct
+from zarrfeed.formats.ct import CTItem, ct_clip_input, read_ct
 from zarrfeed.formats.dicom import read_dicom_series, write_dicom_series
 from zarrfeed.formats.discover import (
     Found,
@@ -18,6 +18,7 @@ __all__ = [
     "CTItem",
     "Found",
     "Volume",
+    "ct_clip_input",
     "discover_ct",
     "discover_image_sets",
     "discover_spike_sequences",

@@ -6,10 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from zarrfeed.formats.arrays import read_array_volume
 from zarrfeed.formats.dicom import read_dicom_series
 from zarrfeed.formats.nifti import read_nifti
 from zarrfeed.formats.volume import Volume
+from zarrfeed.transforms import ct, hu
 
 CTKind = Literal["nifti", "dicom", "npy", "npz"]
 
@@ -37,3 +40,21 @@ def read_ct(item: CTItem) -> Volume:
     if item.kind == "dicom":
         return read_dicom_series(item.files, series_uid=item.series_uid)
     return read_array_volume(item.path)
+
+
+def ct_clip_input(
+    path: str | Path,
+    csv: hu.Rescale | None = None,
+    override: hu.Rescale | hu.Override | None = None,
+) -> np.ndarray:
+    """CT-CLIP's input tensor of a NIfTI file, without its channel axis: (240, 480, 480)
+    float32 in [-1, 1], axes (k, i, j) of the file's stored voxel grid, as CT-CLIP's
+    ``nii_img_to_tensor`` returns it (see :data:`zarrfeed.transforms.ct.CT_CLIP`).
+
+    HU is decided from the evidence like every build does (``csv`` the CT-RATE metadata
+    row's rescale, ``override`` the user's); CT-CLIP itself applies the CSV's rescale to
+    ``get_fdata()`` unconditionally.  The spacing is the header's, CT-CLIP's the CSV's.
+    """
+    vol = read_nifti(path, canonical=False)  # (z, y, x) = (k, j, i): no reorientation
+    data, _ = vol.to_hu(csv=csv, override=override)
+    return ct.preprocess(data, vol.spacing, ct.CT_CLIP)

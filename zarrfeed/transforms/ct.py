@@ -231,7 +231,13 @@ def apply_windows(
 
 @dataclass(frozen=True)
 class CTPreset:
-    """Resample → clip → normalise → crop/pad, as one named recipe recorded in provenance."""
+    """Resample → clip → normalise → crop/pad, as one named recipe recorded in provenance.
+
+    ``clip_first`` clips before resampling instead (CT-CLIP's order: metal is clipped to the
+    top of the range before it is blurred into its neighbours).  ``axes`` names the output's
+    axes in terms of the input's (z, y, x): ``"zxy"`` swaps the two in-plane axes after
+    resampling; ``shape`` is in the output's axes.
+    """
 
     name: str
     spacing: Spacing
@@ -240,20 +246,36 @@ class CTPreset:
     shape: tuple[int, int, int] | None
     fill: float
     dtype: str
+    clip_first: bool = False
+    axes: str = "zyx"
+
+    def __post_init__(self) -> None:
+        if sorted(self.axes) != ["x", "y", "z"]:
+            raise ValueError(f"axes must order z, y and x, got {self.axes!r}")
 
     def params(self) -> dict:
         return {
             "preset": self.name,
             "spacing_zyx_mm": list(self.spacing),
             "clip_hu": list(self.clip),
+            "clip_first": self.clip_first,
             "out_range": list(self.out_range) if self.out_range else None,
-            "shape_zyx": list(self.shape) if self.shape else None,
+            "axes": self.axes,
+            "shape": list(self.shape) if self.shape else None,
             "fill": self.fill,
             "dtype": self.dtype,
         }
 
 
-# CT-CLIP's preprocessing of CT-RATE: [-1000, 1000] / 1000, pad -1.
+# CT-CLIP's preprocessing of CT-RATE (``data_preprocess/`` and
+# ``scripts/data_inference_nii.py`` of ibrahimethemhamamci/CT-CLIP): HU clipped to
+# [-1000, 1000], trilinear resampling (align_corners=False) to 1.5 × 0.75 × 0.75 mm, /1000,
+# centre crop / symmetric pad to 240 × 480 × 480 with -1, float32, axes (z, x, y) of the
+# NIfTI's *stored* voxel grid.  CT-CLIP does not reorient: give :func:`preprocess` the HU of
+# ``read_nifti(path, canonical=False)`` — whose (z, y, x) are the file's (k, j, i) — or use
+# :func:`zarrfeed.formats.ct.ct_clip_input`.  Its result is CT-CLIP's tensor without the
+# channel axis: ``(D, H, W) = (k, i, j)``.  The store's ct_hu volumes are (S, A, R) instead,
+# and clip only after resampling: a ``ct-clip`` window of them is not this tensor.
 CT_CLIP = CTPreset(
     name="ct-clip",
     spacing=(1.5, 0.75, 0.75),
@@ -261,7 +283,9 @@ CT_CLIP = CTPreset(
     out_range=(-1.0, 1.0),
     shape=(240, 480, 480),
     fill=-1.0,
-    dtype="float16",
+    dtype="float32",
+    clip_first=True,
+    axes="zxy",
 )
 
 # HU kept as int16 at CT-CLIP geometry: the source of every window asset.
@@ -277,21 +301,29 @@ HU_ISOTROPIC = CTPreset(
 
 
 def preprocess(hu: np.ndarray, spacing: Spacing, preset: CTPreset = CT_CLIP) -> np.ndarray:
-    """Apply a preset to an HU volume (z, y, x) with the given spacing."""
-    vol = resample(hu, spacing, preset.spacing)
+    """Apply a preset to an HU volume (z, y, x) with the given spacing (never in place)."""
     lo, hi = preset.clip
-    np.clip(vol, lo, hi, out=vol)
+    if preset.clip_first:
+        hu = np.clip(hu, lo, hi, dtype=np.float32)
+    vol = resample(hu, spacing, preset.spacing)
+    if not preset.clip_first:
+        np.clip(vol, lo, hi, out=vol)
     fill = preset.fill
     if preset.out_range is not None:
         vol = normalise(vol, lo, hi, *preset.out_range)
+    if preset.axes != "zyx":
+        vol = vol.transpose(tuple("zyx".index(a) for a in preset.axes))
     if preset.shape is not None:
         vol = crop_or_pad(vol, preset.shape, fill)
+    vol = np.ascontiguousarray(vol)
     if np.dtype(preset.dtype).kind in "iu":
         np.rint(vol, out=vol)
         return vol.astype(preset.dtype)
+    if preset.dtype == "float32":
+        return vol.astype(np.float32, copy=False)
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(vol)).to(getattr(torch, preset.dtype)).numpy()
+    return torch.from_numpy(vol).to(getattr(torch, preset.dtype)).numpy()
 
 
 def sample_resampled(
