@@ -212,3 +212,15 @@ def test_ct_clip_crops_like_ct_clip(tmp_path):
     got = ct.preprocess(vol.to_hu(csv=RAW)[0], vol.spacing, preset)
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= 1e-3
+
+
+def test_inspect_shows_a_partitions_geometry(tmp_path):
+    from zarrfeed.commands.inspect import partition
+    from zarrfeed.families.ct import CT_HU
+    from zarrfeed.store import ZarrStore
+
+    store = ZarrStore(tmp_path / "s.zarr")
+    geometry = {"off_axis_deg": 30.0, "resampled": True, "affine_ras": np.eye(4).tolist()}
+    with store.write_partition(CT_HU.path, "k", {"geometry": geometry}) as w:
+        w.write("hu", np.zeros((2, 3, 4), dtype=np.int16))
+    assert partition(store, CT_HU, "k")["provenance"]["geometry"] == geometry
