@@ -33,10 +33,10 @@ def weed(tmp_path_factory):
 
 @pytest.fixture
 def tier_env(tmp_path, monkeypatch):
-    folder = tmp_path / "tier"
-    monkeypatch.setenv("ZARRFEED_DISK_CACHE", str(folder))
+    """The environment's tier: this account's folder under ``ZARRFEED_DISK_CACHE``."""
+    monkeypatch.setenv("ZARRFEED_DISK_CACHE", str(tmp_path / "tier"))
     monkeypatch.setenv("ZARRFEED_DISK_CACHE_GB", "1")
-    return folder
+    return tiers.tier_folder()
 
 
 def s3_store(weed) -> ZarrStore:

@@ -36,7 +36,11 @@ TEMPORARY = ".tmp"  # suffix of a LocalBackend.write_atomic in progress: <name>.
 
 
 def write_file_atomic(
-    path: str | os.PathLike, tmp: str | os.PathLike, *parts: bytes, durable: bool = True
+    path: str | os.PathLike,
+    tmp: str | os.PathLike,
+    *parts: bytes,
+    durable: bool = True,
+    opener: Callable[[str, int], int] | None = None,
 ) -> None:
     """Write ``parts`` to the local file ``tmp``, flush it to the disk and rename it onto
     ``path``: a reader sees the old file or the new one whole, never a torn one; ``tmp`` is
@@ -44,9 +48,10 @@ def write_file_atomic(
 
     ``durable=False`` skips the fsync: a process killed at any instant still leaves the old
     file or the new one, but a power loss may leave the new name with lost blocks — only for
-    files whose readers verify them (a checksum) and can fetch them again."""
+    files whose readers verify them (a checksum) and can fetch them again.  ``opener``
+    opens ``tmp`` (as :func:`open`'s: a cache's, for its file mode)."""
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=opener) as f:
             for part in parts:
                 f.write(part)
             if durable:

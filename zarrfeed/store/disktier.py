@@ -22,8 +22,11 @@ counter every eviction bumps), so that a read-ahead of chunks the tier already h
 no file (:meth:`DiskTier.lacking`); an entry another process evicted meanwhile is then read as
 a miss and fetched again — remembering never serves bytes, only skips a fetch ahead.
 
-``ZARRFEED_DISK_CACHE`` names the folder (default ``~/.cache/zarrfeed/chunks``) and
-``ZARRFEED_DISK_CACHE_GB`` the budget (default 20; 0 turns the tier off).
+``ZARRFEED_DISK_CACHE`` names the base folder (default ``~/.cache/zarrfeed/chunks``) and
+``ZARRFEED_DISK_CACHE_GB`` the budget (default 20; 0 turns the tier off).  The tier itself is
+the account's folder in it, ``zarrfeed-<uid>``, private like the shared-memory caches
+(:mod:`zarrfeed.cachedirs`): made ``0700`` without following links, checked (owner, mode) when
+a process opens the tier, files ``0600``; ``ZARRFEED_CACHE_GROUP`` shares it with a group.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from zarrfeed import cachedirs
 from zarrfeed.store.backends import write_file_atomic
 
 log = logging.getLogger(__name__)
@@ -62,9 +66,14 @@ _USAGE, _LOCK, _EVICTIONS = "usage", "usage.lock", "evictions"
 _SEQUENCE = itertools.count()  # temporary file names: unique within a process with its pid
 
 
-def tier_folder() -> Path:
+def tier_base() -> Path:
     found = os.environ.get("ZARRFEED_DISK_CACHE")
     return Path(found) if found else Path.home() / ".cache" / "zarrfeed" / "chunks"
+
+
+def tier_folder() -> Path:
+    """This account's tier (or its group's): ``<base>/zarrfeed-<uid>``."""
+    return tier_base() / cachedirs.access().root_name
 
 
 def tier_budget() -> int:
@@ -78,13 +87,17 @@ def open_tier() -> DiskTier | None:
 
 
 class DiskTier:
-    """Chunk objects under ``folder`` within ``budget_bytes`` (shared by every process)."""
+    """Chunk objects under ``folder`` within ``budget_bytes`` (shared by every process).
+    ``folder`` is made if missing and checked as :mod:`zarrfeed.cachedirs` says: a folder
+    another account made or linked there is refused with a ConfigError."""
 
     def __init__(self, folder: str | Path, budget_bytes: int) -> None:
         self.folder = Path(folder)
         self._root = str(self.folder)
         self.budget_bytes = int(budget_bytes)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self._access = cachedirs.access()
+        cachedirs.check_base(self.folder.parent)
+        self._access.ensure(self.folder)
         self.hits = self.misses = self.discarded = 0  # this process's
         # Entries handed to the writers and not yet renamed into place: served from here.
         self._pending: dict[str, bytes] = {}
@@ -216,10 +229,11 @@ class DiskTier:
         tmp = f"{self._root}/{key[:2]}/.{key}.{os.getpid()}-{next(_SEQUENCE)}{_TMP}"
         header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
         try:
-            write_file_atomic(path, tmp, header, payload, durable=False)
+            write_file_atomic(path, tmp, header, payload, durable=False, opener=self._access.open)
         except FileNotFoundError:  # its subfolder is not made yet (or was cleared)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_file_atomic(path, tmp, header, payload, durable=False)
+            with contextlib.suppress(FileExistsError):
+                self._access.mkdir(os.path.dirname(path))
+            write_file_atomic(path, tmp, header, payload, durable=False, opener=self._access.open)
         self._remember(key)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
@@ -279,7 +293,8 @@ class DiskTier:
         made again in a forked child for the same reason."""
         if self._thread_lock[0] != os.getpid():
             self._thread_lock = (os.getpid(), threading.Lock())
-        with self._thread_lock[1], open(self.folder / _LOCK, "a+b") as lock:
+        opener = self._access.open
+        with self._thread_lock[1], open(self.folder / _LOCK, "a+b", opener=opener) as lock:
             fcntl.lockf(lock, fcntl.LOCK_EX)
             yield
 
@@ -294,7 +309,12 @@ class DiskTier:
             if held > self.budget_bytes:
                 held = self._evict(max(0, int(self.budget_bytes * LOW_WATER) - added)) + added
                 self._evicted()
-            (self.folder / _USAGE).write_text(str(held))
+            self._write_count(_USAGE, held)
+
+    def _write_count(self, name: str, value: int) -> None:
+        """Write one of the tier's counts (under the lock), made at the tier's file mode."""
+        with open(self.folder / name, "w", opener=self._access.open) as f:
+            f.write(str(value))
 
     def _evictions(self) -> int:
         """How many evictions (and clears) the tier has seen, by any process."""
@@ -307,7 +327,7 @@ class DiskTier:
     def _evicted(self) -> None:
         """Count an eviction (under the lock): every process's remembered entries are
         looked at again."""
-        (self.folder / _EVICTIONS).write_text(str(self._evictions() + 1))
+        self._write_count(_EVICTIONS, self._evictions() + 1)
         self._known.clear()
 
     def _entries(self) -> list[tuple[float, int, Path]]:
@@ -363,7 +383,7 @@ class DiskTier:
             for sub in os.scandir(self.folder):
                 if sub.is_dir(follow_symlinks=False):
                     shutil.rmtree(sub.path, ignore_errors=True)
-            (self.folder / _USAGE).write_text("0")
+            self._write_count(_USAGE, 0)
             self._evicted()
 
 

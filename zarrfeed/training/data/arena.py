@@ -128,7 +128,8 @@ class ChunkArena:
         self._views: dict[tuple[int, str, tuple[int, ...]], np.ndarray] = {}
         path = self.folder.path / "arena"
         self._fds: dict[int, threading.Thread] = {}  # each thread's open of the arena file
-        fd = self._tls.fd = locks.open_for_thread(path, os.O_RDWR | os.O_CREAT, self._fds)
+        opener = self.folder.access.open
+        fd = self._tls.fd = locks.open_for_thread(path, os.O_RDWR | os.O_CREAT, self._fds, opener)
         locks.lock(fd, INDEX_LOCK)
         try:
             head = os.pread(fd, 8 * 5, 0)
@@ -194,7 +195,8 @@ class ChunkArena:
         fd = getattr(self._tls, "fd", None)
         if fd is None:
             with attach_lock():
-                fd = locks.open_for_thread(self.folder.path / "arena", os.O_RDWR, self._fds)
+                path, opener = self.folder.path / "arena", self.folder.access.open
+                fd = locks.open_for_thread(path, os.O_RDWR, self._fds, opener)
             self._tls.fd = fd
         return fd
 

@@ -143,7 +143,8 @@ class SharedArrayCache:
         fd = getattr(self._tls, "fd", None)
         if fd is None:
             with attach_lock():
-                fd = locks.open_for_thread(self.folder / "locks", os.O_RDWR | os.O_CREAT, self._fds)
+                path, flags = self.folder / "locks", os.O_RDWR | os.O_CREAT
+                fd = locks.open_for_thread(path, flags, self._fds, self._dir.access.open)
             self._tls.fd = fd
         return fd
 
@@ -153,7 +154,8 @@ class SharedArrayCache:
             path = self.folder / ".stats"
             with self._locked():
                 if not path.exists() or path.stat().st_size != STAT_ROWS * 5 * 8:
-                    np.zeros((STAT_ROWS, 5), dtype=np.int64).tofile(path)
+                    with open(path, "wb", opener=self._dir.access.open) as f:
+                        np.zeros((STAT_ROWS, 5), dtype=np.int64).tofile(f)
                 table = np.memmap(path, dtype=np.int64, mode="r+", shape=(STAT_ROWS, 5))
                 pid = os.getpid()
                 mine = np.flatnonzero(table[1:, 0] == pid)
@@ -293,7 +295,7 @@ class SharedArrayCache:
             tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")
             with self._locked():  # reserve: the tmp file's size counts from now on
                 self._evict(self.budget_bytes - nbytes)
-                with open(tmp, "wb") as f:
+                with open(tmp, "wb", opener=self._dir.access.open) as f:
                     if fill is None:
                         np.save(f, data)
                     else:  # the .npy header, then the data's size (filled in place below)

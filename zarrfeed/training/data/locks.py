@@ -14,6 +14,7 @@ import fcntl
 import os
 import struct
 import threading
+from collections.abc import Callable
 
 if not hasattr(fcntl, "F_OFD_SETLK"):  # pragma: no cover - Linux has had them since 3.15
     raise ImportError("zarrfeed's shared cache needs Linux open-file-description locks")
@@ -61,16 +62,22 @@ def flock_exclusive_now(fd: int) -> bool:
     return True
 
 
-def open_for_thread(path: str | os.PathLike, flags: int, fds: dict[int, threading.Thread]) -> int:
-    """A new open of ``path`` for the calling thread, recorded in ``fds`` (descriptor → its
-    thread); the descriptors of threads that have ended are closed first.  An ended thread
-    holds no lock through its open any more, and one descriptor per short-lived thread (a
-    prefetch thread per epoch) would otherwise stay open for the life of the process.
-    Callers serialise calls on one ``fds``."""
+def open_for_thread(
+    path: str | os.PathLike,
+    flags: int,
+    fds: dict[int, threading.Thread],
+    opener: Callable[[str | os.PathLike, int], int],
+) -> int:
+    """A new open of ``path`` for the calling thread through ``opener`` (the cache's
+    :meth:`~zarrfeed.cachedirs.Access.open`: its file mode, no links), recorded in ``fds``
+    (descriptor → its thread); the descriptors of threads that have ended are closed first.
+    An ended thread holds no lock through its open any more, and one descriptor per
+    short-lived thread (a prefetch thread per epoch) would otherwise stay open for the life
+    of the process.  Callers serialise calls on one ``fds``."""
     for fd, thread in list(fds.items()):
         if not thread.is_alive():
             del fds[fd]
             os.close(fd)
-    fd = os.open(path, flags, 0o644)
+    fd = opener(path, flags)
     fds[fd] = threading.current_thread()
     return fd

@@ -8,6 +8,11 @@ others (:func:`sweep`): unused ones idle longer than the age limit go, then unus
 oldest first while the total would exceed the machine-wide cap — caches of other stores, old
 commits and dead runs do not pile up in ``/dev/shm`` (Streaming's users met exactly that).
 ``zarrfeed cache list|clear`` shows and removes them by hand.
+
+The folders are private to their account (:mod:`zarrfeed.cachedirs`): they live under
+``<base>/zarrfeed-<uid>`` (mode ``0700``, files ``0600``), checked each time a cache is opened,
+and a root or folder that another account made or linked is refused, never read.
+``ZARRFEED_CACHE_GROUP`` shares them with a group instead (``<base>/zarrfeed-g<gid>``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zarrfeed import cachedirs
 from zarrfeed.training.data.locks import flock_exclusive_now, flock_shared
 
 log = logging.getLogger("zarrfeed.training")
@@ -52,11 +58,31 @@ def attach_lock() -> threading.RLock:
     return _ATTACH
 
 
-def shm_root() -> Path:
-    """``ZARRFEED_CACHE_ROOT`` if set, else ``/dev/shm`` where it exists, else the temp folder."""
+def shm_base() -> Path:
+    """``ZARRFEED_CACHE_ROOT`` if set, else ``/dev/shm`` where it exists, else the temp folder:
+    where the accounts' cache roots are."""
     if root := os.environ.get("ZARRFEED_CACHE_ROOT"):
         return Path(root)
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+def shm_root(access: cachedirs.Access | None = None) -> Path:
+    """The folder of this account's caches (or its group's), ``<base>/zarrfeed-<uid>``:
+    a path only, made and checked by :func:`open_root`."""
+    return shm_base() / (access or cachedirs.access()).root_name
+
+
+def open_root(access: cachedirs.Access | None = None, create: bool = True) -> Path | None:
+    """:func:`shm_root`, checked (and made when ``create``); None when absent and not made."""
+    access = access or cachedirs.access()
+    root = shm_root(access)
+    if create:
+        cachedirs.check_base(root.parent)
+        return access.ensure(root)
+    try:
+        return access.check(root)
+    except FileNotFoundError:
+        return None
 
 
 def memory_total() -> int:
@@ -64,7 +90,8 @@ def memory_total() -> int:
 
 
 def machine_cap() -> int:
-    """Bytes all caches together may hold: ``ZARRFEED_CACHE_CAP_GB``, else half the RAM."""
+    """Bytes all caches together may hold: ``ZARRFEED_CACHE_CAP_GB``, else half the RAM (a
+    sweep sees only the caches of its account's root, or its group's)."""
     if gb := os.environ.get("ZARRFEED_CACHE_CAP_GB"):
         return int(float(gb) * (1 << 30))
     return memory_total() // 2
@@ -118,20 +145,26 @@ class CacheFolder:
 
     def __init__(self, kind: str, digest: str, meta: dict[str, Any]) -> None:
         self.kind, self.meta = kind, {"kind": kind, **meta}
-        self.path = shm_root() / f"{PREFIX}{kind}-{digest}"
+        self.access = cachedirs.access()
+        self.path = shm_root(self.access) / f"{PREFIX}{kind}-{digest}"
         self._owner_fd = -1
 
     def open(self, need_bytes: int) -> None:
-        """Create the folder if needed, hold it, and sweep other caches to make room."""
+        """Create the folder if needed, hold it, and sweep other caches to make room.  The
+        account's root and the folder are checked first (owner, mode, no link): a folder
+        another account made is refused with a ConfigError, never read."""
+        access = self.access
+        open_root(access)
         for _ in range(10):  # a sweep may remove the folder between mkdir and the lock
-            self.path.mkdir(parents=True, exist_ok=True)
+            access.ensure(self.path)
             meta = self.path / "meta.json"
-            if not meta.exists():
-                tmp = meta.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({**self.meta, "created": time.time()}))
-                os.replace(tmp, meta)
             try:
-                fd = os.open(self.path / OWNERS, os.O_RDWR | os.O_CREAT, 0o644)
+                if not meta.exists():
+                    tmp = meta.with_suffix(f".{os.getpid()}.tmp")
+                    with open(tmp, "w", opener=access.open) as f:
+                        f.write(json.dumps({**self.meta, "created": time.time()}))
+                    os.replace(tmp, meta)
+                fd = access.open(self.path / OWNERS, os.O_RDWR | os.O_CREAT)
             except FileNotFoundError:
                 continue
             flock_shared(fd)
@@ -143,7 +176,7 @@ class CacheFolder:
             os.close(fd)  # swept away meanwhile: start again
         else:  # pragma: no cover - ten sweeps racing one open
             raise RuntimeError(f"could not open cache folder {self.path}")
-        sweep(keep=self.path, need_bytes=need_bytes)
+        sweep(keep=self.path, need_bytes=need_bytes, root=self.path.parent)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_owner_fd": -1}  # a descriptor means nothing elsewhere
@@ -169,7 +202,9 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
-def _folders(root: Path) -> list[Path]:
+def _folders(root: Path | None) -> list[Path]:
+    if root is None:  # no caches of this account yet
+        return []
     try:
         entries = list(os.scandir(root))
     except FileNotFoundError:
@@ -222,7 +257,7 @@ def _remove_if_unused(folder: Path) -> bool:
 def sweep(keep: Path | None = None, need_bytes: int = 0, root: Path | None = None) -> list[str]:
     """Remove unused caches idle past the age limit, then unused ones (oldest first) while
     all caches plus ``need_bytes`` exceed the machine-wide cap; names of those removed."""
-    folders = [f for f in _folders(root or shm_root()) if f != keep]
+    folders = [f for f in _folders(root or open_root(create=False)) if f != keep]
     now, cap, idle = time.time(), machine_cap(), max_idle_s()
     removed = []
     for folder in sorted(folders, key=_last_used):
@@ -265,7 +300,7 @@ def _owners() -> dict[int, list[int]]:
 def list_caches(root: Path | None = None) -> list[CacheInfo]:
     """Every cache folder under the root, largest first."""
     owners, now, out = _owners(), time.time(), []
-    for folder in _folders(root or shm_root()):
+    for folder in _folders(root or open_root(create=False)):
         meta: dict[str, Any] = {"kind": "legacy", "store": "?"}
         with contextlib.suppress(OSError, ValueError):
             meta = json.loads((folder / "meta.json").read_text())
@@ -288,7 +323,7 @@ def list_caches(root: Path | None = None) -> list[CacheInfo]:
 def clear_caches(names: list[str] | None = None, root: Path | None = None) -> tuple[list, list]:
     """Remove the named caches (all when None) that no process holds: (removed, in use)."""
     removed, busy = [], []
-    for folder in _folders(root or shm_root()):
+    for folder in _folders(root or open_root(create=False)):
         if names is not None and folder.name not in names:
             continue
         (removed if _remove_if_unused(folder) else busy).append(folder.name)
