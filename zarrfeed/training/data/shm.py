@@ -218,6 +218,14 @@ def _folders(root: Path | None) -> list[Path]:
     ]
 
 
+def _before_roots() -> list[Path]:
+    """This account's caches that zarrfeed versions before per-account roots left directly
+    in the base: nothing reads them any more, so they are removed once unused (``/dev/shm``
+    is memory)."""
+    uid = os.geteuid()
+    return [f for f in _folders(shm_base()) if os.lstat(f).st_uid == uid]
+
+
 def _last_used(folder: Path) -> float:
     for name in (OWNERS, ".lock", ".stats"):  # .lock/.stats: legacy folders
         if (st := _stat(folder / name)) is not None:
@@ -259,7 +267,7 @@ def sweep(keep: Path | None = None, need_bytes: int = 0, root: Path | None = Non
     all caches plus ``need_bytes`` exceed the machine-wide cap; names of those removed."""
     folders = [f for f in _folders(root or open_root(create=False)) if f != keep]
     now, cap, idle = time.time(), machine_cap(), max_idle_s()
-    removed = []
+    removed = [f.name for f in _before_roots() if _remove_if_unused(f)]
     for folder in sorted(folders, key=_last_used):
         if now - _last_used(folder) > idle and _remove_if_unused(folder):
             removed.append(folder.name)
