@@ -19,6 +19,7 @@ from zarrfeed.families.family import Family, RawSource, Reader, Stage, Table
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_image
 from zarrfeed.formats.discover import image_files
+from zarrfeed.formats.images import image_orientation
 from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatable
 from zarrfeed.formats.previews import image_png
 from zarrfeed.sources.catalog import RawItem
@@ -46,10 +47,11 @@ IMAGE_STORE = StoredAsset(
     name="image_store",
     path="images/images",
     family="images",
-    version="1",
+    version="2",  # 2: 16-bit colour kept, EXIF orientation applied
     arrays=(ArraySpec("images", ("image", "y", "x", "c"), ("uint8", "uint16"), "sample"),),
-    description="(N, H, W, C) images of one set, one chunk per image; file names in the "
-    "provenance.",
+    description="(N, H, W, C) images of one set as a viewer shows them (EXIF orientation "
+    "applied), one chunk per image, uint8 or uint16 as the files hold them; file names and "
+    "each applied orientation tag in the provenance.",
     checks=(Check("uniform_shape", "Every image of the set has one shape and dtype."),),
 )
 IMAGE_PATCHES = StoredAsset(
@@ -142,7 +144,14 @@ def store_step(inputs: Inputs, key: str) -> Step:
                 f"image 0 of {len(files)}: {files[0].name}",
             ),
         },
-        attrs={"source_stamp": item.stamp, "names": [p.name for p in files]},
+        attrs={
+            "source_stamp": item.stamp,
+            "names": [p.name for p in files],
+            # name → the EXIF orientation tag applied to it (2–8; 1 and none need nothing)
+            "exif_orientation": {
+                p.name: tag for p in files if (tag := image_orientation(p)) not in (None, 1)
+            },
+        },
         watch=watch,
     )
 

@@ -1,5 +1,12 @@
 """2-D images: PNG/JPEG through Pillow, TIFF (any dtype, any channels) through tifffile.
 
+Pixels come back as the file holds them and as a viewer shows them: a 16-bit colour PNG
+(RGB, RGBA, grey with alpha), which Pillow's modes can only give as 8 bits per channel, is
+decoded twice by Pillow's own PNG decoder, once for the high and once for the low byte of
+each sample, and returned as uint16 (never shifted down to uint8); an EXIF orientation tag
+(a phone's JPEG, 2–8) is applied as :func:`PIL.ImageOps.exif_transpose` applies it, and
+:func:`image_orientation` tells it, for the provenance.
+
 No image may have more pixels than Pillow's decompression-bomb limit
 (``PIL.Image.MAX_IMAGE_PIXELS``, about 89 million; raise it process-wide for larger real
 images), and an uncompressed TIFF must hold the bytes its tags claim: both are checked from
@@ -9,16 +16,27 @@ the header, before the pixels are decoded.
 from __future__ import annotations
 
 import math
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
 import tifffile
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from zarrfeed.errors import InputError
 from zarrfeed.formats.limits import claimed_bytes, require_bytes
 
 TIFF_SUFFIXES = {".tif", ".tiff"}
+EXIF_ORIENTATION = 0x0112
+# A 16-bit PNG's raw mode → (Pillow's mode, raw modes giving each sample's high byte and low
+# byte): the same 48 or 64 bits a pixel, so the same unfiltering, and nothing dropped.  Grey
+# with alpha (32 bits) is read in one pass as RGBA: grey high, grey low, alpha high, low.
+PNG16 = {
+    "RGB;16B": ("RGB;16B", "RGB;16L"),
+    "RGBA;16B": ("RGBA;16B", "RGBA;16L"),
+    "LA;16B": ("RGBA",),
+}
 
 
 def _require_pixels(path: Path, pixels: int, shape: tuple[int, ...]) -> None:
@@ -68,9 +86,66 @@ def _shown(im: Image.Image) -> Image.Image:
     return im.convert("L") if im.mode == "1" else im
 
 
+def _png16(path: Path, rawmode: str) -> np.ndarray:
+    """A 16-bit colour PNG as (H, W, C) uint16: Pillow decodes (inflates and unfilters) it
+    once per byte of each sample, through unpackers that keep that byte."""
+    passes = []
+    for mode in PNG16[rawmode]:
+        with Image.open(path) as im:
+            if len(im.tile) != 1:
+                raise InputError(path, "a PNG of one frame", f"{len(im.tile)} tiles")
+            im.tile = [im.tile[0]._replace(args=mode)]
+            im.load()
+            passes.append(np.asarray(im).astype(np.uint16))
+    if rawmode == "LA;16B":
+        (la,) = passes
+        return (la[..., 0::2] << 8) | la[..., 1::2]
+    high, low = passes
+    return (high << 8) | low
+
+
+def _orient(image: np.ndarray, orientation: int | None) -> np.ndarray:
+    """``image`` as an EXIF ``orientation`` (1–8) says a viewer shows it: the transposition
+    :func:`PIL.ImageOps.exif_transpose` makes, for arrays of any dtype."""
+    turn = {
+        2: lambda a: a[:, ::-1],  # flip left-right
+        3: lambda a: a[::-1, ::-1],  # rotate 180°
+        4: lambda a: a[::-1],  # flip top-bottom
+        5: lambda a: np.swapaxes(a, 0, 1),  # transpose
+        6: lambda a: np.rot90(a, -1),  # rotate 90° clockwise
+        7: lambda a: np.swapaxes(a, 0, 1)[::-1, ::-1],  # transverse
+        8: lambda a: np.rot90(a, 1),  # rotate 90° counter-clockwise
+    }.get(orientation or 1)
+    return image if turn is None else np.ascontiguousarray(turn(image))
+
+
+def _orientation_tag(im: Image.Image) -> int | None:
+    """The EXIF orientation of an open image, from its header: a PNG's ``eXIf`` chunk counts
+    where it precedes the pixels, as the PNG specification places it (Pillow would decode
+    the whole image to look for one after them)."""
+    if im.format == "PNG" and "exif" not in im.info:
+        return None
+    value = im.getexif().get(EXIF_ORIENTATION)
+    return int(value) if isinstance(value, int) and 1 <= value <= 8 else None
+
+
+def image_orientation(path: str | Path) -> int | None:
+    """The EXIF orientation tag of a PNG or JPEG (1–8; None when it has none, or is a TIFF,
+    whose pixels are read as stored), read from the header without decoding the pixels."""
+    path = Path(path)
+    if path.suffix.lower() in TIFF_SUFFIXES:
+        return None
+    try:
+        with Image.open(path) as im:
+            return _orientation_tag(im)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InputError(path, "a PNG, JPEG or TIFF image", f"an unreadable file ({exc})") from exc
+
+
 def read_image(path: str | Path) -> np.ndarray:
     """(H, W) or (H, W, C) array with the file's own dtype (:func:`_shown`: the colours of a
-    palette image, not its indices)."""
+    palette image, not its indices; 16-bit colour PNGs as uint16), turned as its EXIF
+    orientation says (:func:`image_orientation`)."""
     path = Path(path)
     try:
         if path.suffix.lower() in TIFF_SUFFIXES:
@@ -80,7 +155,13 @@ def read_image(path: str | Path) -> np.ndarray:
         with Image.open(path) as im:
             width, height = im.size
             _require_pixels(path, width * height, (height, width))
-            return np.asarray(_shown(im))
+            orientation = _orientation_tag(im)
+            rawmode = im.tile[0].args if im.format == "PNG" and len(im.tile) == 1 else None
+            if rawmode not in PNG16:
+                if orientation not in (None, 1):
+                    return np.asarray(_shown(ImageOps.exif_transpose(im)))
+                return np.asarray(_shown(im))
+        return _orient(_png16(path, rawmode), orientation)
     except InputError:
         raise
     except Image.DecompressionBombError as exc:
@@ -89,11 +170,32 @@ def read_image(path: str | Path) -> np.ndarray:
         raise InputError(path, "a PNG, JPEG or TIFF image", f"an unreadable file ({exc})") from exc
 
 
+def _write_png16(path: Path, array: np.ndarray) -> None:
+    """A 16-bit grey-alpha, RGB or RGBA PNG (which Pillow cannot write): unfiltered rows."""
+    height, width, channels = array.shape
+    colour = {2: 4, 3: 2, 4: 6}[channels]
+    rows = np.ascontiguousarray(array.astype(">u2")).view(np.uint8).reshape(height, -1)
+    raw = np.concatenate([np.zeros((height, 1), np.uint8), rows], axis=1).tobytes()
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 16, colour, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )  # fmt: skip
+
+
 def write_image(path: str | Path, array: np.ndarray) -> None:
-    """Write PNG (uint8/uint16) or TIFF (any dtype) by suffix, deterministically."""
+    """Write PNG (uint8/uint16, grey or colour) or TIFF (any dtype) by suffix,
+    deterministically."""
     path = Path(path)
     if path.suffix.lower() in TIFF_SUFFIXES:
         rgb = array.ndim == 3 and array.shape[-1] in (3, 4)
         tifffile.imwrite(path, array, photometric="rgb" if rgb else "minisblack", metadata=None)
+    elif array.dtype == np.uint16 and array.ndim == 3 and array.shape[-1] in (2, 3, 4):
+        _write_png16(path, array)
     else:
         Image.fromarray(array).save(path, optimize=False)
