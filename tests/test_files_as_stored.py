@@ -108,3 +108,63 @@ def test_a_set_mixing_8_and_16_bit_images_fails_naming_both(tmp_path):
     write_image(tmp_path / "b.png", np.full((8, 8, 3), 2000, np.uint16))
     with pytest.raises(InputError, match=r"b\.png.*uint8 \(8, 8, 3\) like a\.png.*uint16"):
         read_set([tmp_path / "a.png", tmp_path / "b.png"])
+
+
+def test_a_hidden_file_is_listed_among_the_skipped_entries(tmp_path):
+    """``..dots.nii.gz`` starts with '.': hidden by Unix convention, so left out, but no
+    longer silently: every entry discovery leaves out is listed with its reason."""
+    from zarrfeed.formats import discover_ct, write_nifti
+
+    volume = np.zeros((4, 8, 8), np.int16)
+    write_nifti(tmp_path / "..dots.nii.gz", volume, (1.0, 1.0, 1.0))
+    write_nifti(tmp_path / "seen.nii.gz", volume, (1.0, 1.0, 1.0))
+    (tmp_path / ".cache").mkdir()
+    found = discover_ct(tmp_path)
+    assert found.keys() == ["seen"]
+    assert found.skipped[str(tmp_path / "..dots.nii.gz")].startswith("hidden")
+    assert "starts with '.'" in found.skipped[str(tmp_path / ".cache")]
+    again = discover_ct(tmp_path)  # listed again from the walk's cache: still reported
+    assert again.skipped == found.skipped
+
+
+def test_a_linked_scan_is_read_at_its_target_and_recorded(tmp_path, monkeypatch):
+    """A file link to a scan outside the raw folder was followed and built with only the
+    link in its provenance: the target and its own hash are recorded; under
+    ZARRFEED_RAW_LINKS=inside discovery skips it and a build refuses it, naming both."""
+    from zarrfeed.formats import discover_ct, write_nifti
+    from zarrfeed.sources.catalog import RawItem
+    from zarrfeed.sources.raw import raw_origin, scan_ct, source_links
+    from zarrfeed.store.provenance import file_sha256
+
+    raw, elsewhere = tmp_path / "raw", tmp_path / "elsewhere"
+    raw.mkdir(), elsewhere.mkdir()
+    write_nifti(elsewhere / "scan.nii.gz", np.ones((4, 8, 8), np.int16), (1.0, 1.0, 1.0))
+    write_nifti(raw / "inside.nii.gz", np.zeros((4, 8, 8), np.int16), (1.0, 1.0, 1.0))
+    (raw / "link.nii.gz").symlink_to(elsewhere / "scan.nii.gz")
+    (raw / "alias.nii.gz").symlink_to(raw / "inside.nii.gz")
+    monkeypatch.delenv("ZARRFEED_RAW_LINKS", raising=False)
+    scan = scan_ct(raw)
+    assert {"link", "alias", "inside"} <= set(scan)
+    links = source_links(scan["link"], [raw / "link.nii.gz"])
+    target = str((elsewhere / "scan.nii.gz").resolve())
+    assert links == {
+        str(raw / "link.nii.gz"): {
+            "target": target,
+            "inside_root": False,
+            "sha256": file_sha256(elsewhere / "scan.nii.gz"),
+        }
+    }
+    assert source_links(scan["inside"], [raw / "inside.nii.gz"]) == {}
+
+    monkeypatch.setenv("ZARRFEED_RAW_LINKS", "inside")
+    found = discover_ct(raw)
+    keys = found.keys()
+    assert "link" not in keys and "alias" in keys  # a link inside the raw folder is fine
+    why = found.skipped[str(raw / "link.nii.gz")]
+    assert target in why and "outside the raw folder" in why
+    item = RawItem("link", "nifti", str(raw / "link.nii.gz"), raw_origin(raw), 0, 0.0)
+    with pytest.raises(InputError, match=r"link\.nii\.gz.*a link to .*elsewhere/scan\.nii\.gz"):
+        source_links(item, [raw / "link.nii.gz"])
+    monkeypatch.setenv("ZARRFEED_RAW_LINKS", "anything")
+    with pytest.raises(ValueError, match="ZARRFEED_RAW_LINKS"):
+        discover_ct(raw)

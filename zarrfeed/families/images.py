@@ -18,12 +18,11 @@ from zarrfeed.families.facts import Picture
 from zarrfeed.families.family import Family, RawSource, Reader, Stage, Table
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_image
-from zarrfeed.formats.discover import image_files
 from zarrfeed.formats.images import image_orientation
 from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatable
 from zarrfeed.formats.previews import image_png
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import scan_images
+from zarrfeed.sources.raw import item_files, scan_images
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.spike import to_gray
@@ -78,7 +77,7 @@ PATCH_TABLE = Table("patches", IMAGE_PATCHES, ("items", "origins"))
 
 
 def describe_set(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
-    files = image_files(Path(item.location))
+    files = item_files(item)
     facts = {"images": len(files), "suffixes": ", ".join(sorted({p.suffix.lower() for p in files}))}
     return facts, bool(files), {"images": len(files)}
 
@@ -122,7 +121,7 @@ def _overlay(image: np.ndarray, origins: np.ndarray, patch: tuple[int, ...]) -> 
 def store_step(inputs: Inputs, key: str) -> Step:
     item, sha, identity = inputs.source(key)
     watch = inputs.watch(item)
-    files = image_files(Path(item.location))
+    files = item_files(item)
     if not files:
         raise InputError(item.location, "image files (.png, .jpg, .tif)", "none")
 
@@ -147,6 +146,7 @@ def store_step(inputs: Inputs, key: str) -> Step:
         attrs={
             "source_stamp": item.stamp,
             "names": [p.name for p in files],
+            "links": inputs.links(item),  # link → target, its hash (ZARRFEED_RAW_LINKS)
             # name → the EXIF orientation tag applied to it (2–8; 1 and none need nothing)
             "exif_orientation": {
                 p.name: tag for p in files if (tag := image_orientation(p)) not in (None, 1)
@@ -209,7 +209,7 @@ def patches_step(inputs: Inputs, key: str) -> Step:
 
 
 def set_files(item: RawItem) -> list[Path]:
-    return image_files(Path(item.location))
+    return item_files(item)
 
 
 IMAGES = Family(
