@@ -2,10 +2,10 @@
 
 Pixels come back as the file holds them and as a viewer shows them: a 16-bit colour PNG
 (RGB, RGBA, grey with alpha), which Pillow's modes can only give as 8 bits per channel, is
-decoded twice by Pillow's own PNG decoder, once for the high and once for the low byte of
-each sample, and returned as uint16 (never shifted down to uint8); an EXIF orientation tag
-(a phone's JPEG, 2–8) is applied as :func:`PIL.ImageOps.exif_transpose` applies it, and
-:func:`image_orientation` tells it, for the provenance.
+decoded (and written) by pypng and returned as uint16, never shifted down to uint8, its
+samples as stored (no sBIT rescaling; a tRNS colour, as in Pillow's RGB, adds no alpha); an
+EXIF orientation tag (a phone's JPEG, 2–8) is applied as :func:`PIL.ImageOps.exif_transpose`
+applies it, and :func:`image_orientation` tells it, for the provenance.
 
 No image may have more pixels than Pillow's decompression-bomb limit
 (``PIL.Image.MAX_IMAGE_PIXELS``, about 89 million; raise it process-wide for larger real
@@ -16,11 +16,10 @@ the header, before the pixels are decoded.
 from __future__ import annotations
 
 import math
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
+import png
 import tifffile
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -29,14 +28,9 @@ from zarrfeed.formats.limits import claimed_bytes, require_bytes
 
 TIFF_SUFFIXES = {".tif", ".tiff"}
 EXIF_ORIENTATION = 0x0112
-# A 16-bit PNG's raw mode → (Pillow's mode, raw modes giving each sample's high byte and low
-# byte): the same 48 or 64 bits a pixel, so the same unfiltering, and nothing dropped.  Grey
-# with alpha (32 bits) is read in one pass as RGBA: grey high, grey low, alpha high, low.
-PNG16 = {
-    "RGB;16B": ("RGB;16B", "RGB;16L"),
-    "RGBA;16B": ("RGBA;16B", "RGBA;16L"),
-    "LA;16B": ("RGBA",),
-}
+# Pillow's modes of the PNGs whose 16-bit samples it shifts down to 8 bits (16-bit grey is
+# I;16, kept exactly): these are read through pypng when the header says 16 bits.
+PNG16_MODES = ("LA", "RGB", "RGBA")
 
 
 def _require_pixels(path: Path, pixels: int, shape: tuple[int, ...]) -> None:
@@ -86,22 +80,15 @@ def _shown(im: Image.Image) -> Image.Image:
     return im.convert("L") if im.mode == "1" else im
 
 
-def _png16(path: Path, rawmode: str) -> np.ndarray:
-    """A 16-bit colour PNG as (H, W, C) uint16: Pillow decodes (inflates and unfilters) it
-    once per byte of each sample, through unpackers that keep that byte."""
-    passes = []
-    for mode in PNG16[rawmode]:
-        with Image.open(path) as im:
-            if len(im.tile) != 1:
-                raise InputError(path, "a PNG of one frame", f"{len(im.tile)} tiles")
-            im.tile = [im.tile[0]._replace(args=mode)]
-            im.load()
-            passes.append(np.asarray(im).astype(np.uint16))
-    if rawmode == "LA;16B":
-        (la,) = passes
-        return (la[..., 0::2] << 8) | la[..., 1::2]
-    high, low = passes
-    return (high << 8) | low
+def _png16(path: Path) -> np.ndarray | None:
+    """A 16-bit colour PNG (grey-alpha, RGB, RGBA) as (H, W, C) uint16, its samples as
+    stored (pypng's ``read``: no palette, no tRNS or sBIT applied); None when the header
+    says 8 bits (then Pillow reads it exactly)."""
+    width, height, rows, info = png.Reader(filename=str(path)).read()
+    if info["bitdepth"] != 16:
+        return None
+    image = np.vstack([np.frombuffer(row, np.uint16) for row in rows])
+    return image.reshape(height, width, info["planes"])
 
 
 def _orient(image: np.ndarray, orientation: int | None) -> np.ndarray:
@@ -156,36 +143,32 @@ def read_image(path: str | Path) -> np.ndarray:
             width, height = im.size
             _require_pixels(path, width * height, (height, width))
             orientation = _orientation_tag(im)
-            rawmode = im.tile[0].args if im.format == "PNG" and len(im.tile) == 1 else None
-            if rawmode not in PNG16:
-                if orientation not in (None, 1):
-                    return np.asarray(_shown(ImageOps.exif_transpose(im)))
-                return np.asarray(_shown(im))
-        return _orient(_png16(path, rawmode), orientation)
+            deep = _png16(path) if im.format == "PNG" and im.mode in PNG16_MODES else None
+            if deep is not None:
+                return _orient(deep, orientation)
+            if orientation not in (None, 1):
+                return np.asarray(_shown(ImageOps.exif_transpose(im)))
+            return np.asarray(_shown(im))
     except InputError:
         raise
     except Image.DecompressionBombError as exc:
         raise InputError(path, "at most PIL.Image.MAX_IMAGE_PIXELS pixels", str(exc)) from exc
-    except (UnidentifiedImageError, tifffile.TiffFileError, OSError, ValueError) as exc:
+    except (
+        UnidentifiedImageError, tifffile.TiffFileError, png.Error, OSError, ValueError
+    ) as exc:  # fmt: skip
         raise InputError(path, "a PNG, JPEG or TIFF image", f"an unreadable file ({exc})") from exc
 
 
 def _write_png16(path: Path, array: np.ndarray) -> None:
-    """A 16-bit grey-alpha, RGB or RGBA PNG (which Pillow cannot write): unfiltered rows."""
+    """A 16-bit grey-alpha, RGB or RGBA PNG (which Pillow cannot write), through pypng: rows
+    handed over packed, as big-endian bytes."""
     height, width, channels = array.shape
-    colour = {2: 4, 3: 2, 4: 6}[channels]
+    writer = png.Writer(
+        width, height, bitdepth=16, greyscale=channels == 2, alpha=channels in (2, 4)
+    )
     rows = np.ascontiguousarray(array.astype(">u2")).view(np.uint8).reshape(height, -1)
-    raw = np.concatenate([np.zeros((height, 1), np.uint8), rows], axis=1).tobytes()
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-
-    header = struct.pack(">IIBBBBB", width, height, 16, colour, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
-        + chunk(b"IEND", b"")
-    )  # fmt: skip
+    with path.open("wb") as out:
+        writer.write_packed(out, rows)
 
 
 def write_image(path: str | Path, array: np.ndarray) -> None:
