@@ -24,7 +24,7 @@ wheels=(
   platformdirs==4.14.8 truststore==0.10.5 typing-extensions==4.16.0 tabulate==0.10.0 six==1.17.0
   # the store and the formats
   zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 orjson==3.13.0
-  nibabel==5.4.2 isal==1.9.1 pydicom==3.0.2 packaging==26.4
+  nibabel==5.4.2 isal==1.9.1 pydicom==3.0.2 packaging==26.4 pypng==0.20220715.0
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   # the hub client zarrfeed imports (the machine's older one lacks httpx2)
   huggingface-hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0

@@ -202,3 +202,41 @@ def test_a_built_partition_frees_its_arrays_without_the_collector(dagster_env, f
         assert not alive, f"steps kept alive by a reference cycle: {alive}"
     finally:
         gc.enable()
+
+
+@pytest.mark.slow
+def test_16_bit_colour_and_exif_turned_images_are_stored_as_they_are(dagster_env):
+    """A set of 16-bit RGB PNGs is stored as uint16, every bit kept (it was stored as uint8,
+    shifted right by 8), and its patch index built on it; a JPEG with EXIF orientation 6 is
+    stored as a viewer shows it, its tag in the partition's provenance."""
+    from PIL import Image
+
+    from zarrfeed.formats import write_image
+
+    raw, resources, instance = dagster_env
+    rng = np.random.default_rng(7)
+    deep = [rng.integers(20000, 65536, (160, 144, 3)).astype(np.uint16) for _ in range(2)]
+    (raw / "deep").mkdir()
+    for i, image in enumerate(deep):
+        write_image(raw / "deep" / f"{i}.png", image)
+    (raw / "phone").mkdir()
+    grid = np.full((144, 160, 3), 230, np.uint8)
+    grid[:16, :16] = (255, 0, 0)
+    im = Image.fromarray(grid)
+    exif = im.getexif()
+    exif[0x0112] = 6
+    im.save(raw / "phone" / "shot.jpg", exif=exif.tobytes(), quality=100, subsampling=0)
+    assert {"deep", "phone"} <= set(discover(instance, resources, "images"))
+    store = resources["zarr_store"].store()
+    for key in ("deep", "phone"):
+        assert all(checks(build(resources, instance, "images", key)).values())
+    images = store.read_array("images/images", "deep", "images")
+    assert images.dtype == np.uint16
+    np.testing.assert_array_equal(images[:], np.stack(deep))
+    assert store.read_array("images/patches", "deep", "items").shape[0] > 0
+    shot = store.read_array("images/images", "phone", "images")[0]
+    assert shot.shape == (160, 144, 3)  # the file's 144 × 160 grid, turned clockwise
+    assert shot[4, -4, 0] > 200 and shot[4, -4, 1] < 60  # its top-left corner, top right
+    attrs = store.commit_record("images/images", "phone")["attrs"]
+    assert attrs["exif_orientation"] == {"shot.jpg": 6}
+    assert store.commit_record("images/images", "deep")["attrs"]["exif_orientation"] == {}

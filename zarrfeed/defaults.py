@@ -6,3 +6,8 @@ STORE = "data/zarrfeed.zarr"
 RAW = "data/raw"
 MODELS = "data/models"
 DAGSTER_HOME = ".dagster_home"
+
+# File symlinks under the raw folder (ZARRFEED_RAW_LINKS): "follow" reads every link at its
+# target, wherever it lies, and records link, target and hash in the provenance; "inside"
+# refuses a link whose target lies outside the raw folder (discovery skips it, naming both).
+RAW_LINKS = "follow"

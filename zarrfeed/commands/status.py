@@ -93,7 +93,7 @@ def family_status(
         add("conflict", [key], f"{item.location} and {', '.join(item.conflict)} claim this key",
             "rename one of the files (until then the key is left out of the dataset)")  # fmt: skip
     for origin, skipped in sorted(catalog.skipped().items()):
-        add("unreadable", list(skipped), "discovery skipped these broken raw entries: "
+        add("unreadable", list(skipped), "discovery skipped these raw entries: "
             + "; ".join(f"{p}: {why}" for p, why in list(skipped.items())[:5]),
             f"fix or remove them under {origin.removeprefix('raw:')}")  # fmt: skip
     for why, found in unsourced.items():

@@ -245,7 +245,11 @@ def hu_step(inputs: Inputs, key: str) -> Step:
     # Provenance the read adds.  Not through ``step``: a closure holding the step that holds
     # it is a reference cycle, which would keep the full-resolution volume alive after the
     # build until the collector happens to run (hundreds of MB per partition).
-    attrs: dict[str, Any] = {"source_stamp": item.stamp, "source_kind": item.kind}
+    attrs: dict[str, Any] = {
+        "source_stamp": item.stamp,
+        "source_kind": item.kind,
+        "links": inputs.links(item),  # link → target, its hash (ZARRFEED_RAW_LINKS)
+    }
 
     def source_hu() -> tuple[np.ndarray, tuple[float, float, float]]:
         """The full-resolution HU volume and its spacing, read once per build."""

@@ -18,11 +18,11 @@ from zarrfeed.families.facts import Picture
 from zarrfeed.families.family import Family, RawSource, Reader, Stage, Table
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_image
-from zarrfeed.formats.discover import image_files
+from zarrfeed.formats.images import image_orientation
 from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatable
 from zarrfeed.formats.previews import image_png
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import scan_images
+from zarrfeed.sources.raw import item_files, scan_images
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.spike import to_gray
@@ -46,10 +46,11 @@ IMAGE_STORE = StoredAsset(
     name="image_store",
     path="images/images",
     family="images",
-    version="1",
+    version="2",  # 2: 16-bit colour kept, EXIF orientation applied
     arrays=(ArraySpec("images", ("image", "y", "x", "c"), ("uint8", "uint16"), "sample"),),
-    description="(N, H, W, C) images of one set, one chunk per image; file names in the "
-    "provenance.",
+    description="(N, H, W, C) images of one set as a viewer shows them (EXIF orientation "
+    "applied), one chunk per image, uint8 or uint16 as the files hold them; file names and "
+    "each applied orientation tag in the provenance.",
     checks=(Check("uniform_shape", "Every image of the set has one shape and dtype."),),
 )
 IMAGE_PATCHES = StoredAsset(
@@ -76,7 +77,7 @@ PATCH_TABLE = Table("patches", IMAGE_PATCHES, ("items", "origins"))
 
 
 def describe_set(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
-    files = image_files(Path(item.location))
+    files = item_files(item)
     facts = {"images": len(files), "suffixes": ", ".join(sorted({p.suffix.lower() for p in files}))}
     return facts, bool(files), {"images": len(files)}
 
@@ -120,7 +121,7 @@ def _overlay(image: np.ndarray, origins: np.ndarray, patch: tuple[int, ...]) -> 
 def store_step(inputs: Inputs, key: str) -> Step:
     item, sha, identity = inputs.source(key)
     watch = inputs.watch(item)
-    files = image_files(Path(item.location))
+    files = item_files(item)
     if not files:
         raise InputError(item.location, "image files (.png, .jpg, .tif)", "none")
 
@@ -142,7 +143,15 @@ def store_step(inputs: Inputs, key: str) -> Step:
                 f"image 0 of {len(files)}: {files[0].name}",
             ),
         },
-        attrs={"source_stamp": item.stamp, "names": [p.name for p in files]},
+        attrs={
+            "source_stamp": item.stamp,
+            "names": [p.name for p in files],
+            "links": inputs.links(item),  # link → target, its hash (ZARRFEED_RAW_LINKS)
+            # name → the EXIF orientation tag applied to it (2–8; 1 and none need nothing)
+            "exif_orientation": {
+                p.name: tag for p in files if (tag := image_orientation(p)) not in (None, 1)
+            },
+        },
         watch=watch,
     )
 
@@ -200,7 +209,7 @@ def patches_step(inputs: Inputs, key: str) -> Step:
 
 
 def set_files(item: RawItem) -> list[Path]:
-    return image_files(Path(item.location))
+    return item_files(item)
 
 
 IMAGES = Family(

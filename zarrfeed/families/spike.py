@@ -105,6 +105,7 @@ def _sequence_step(
         describe=describe,
         attrs={
             "source_stamp": item.stamp,
+            "links": inputs.links(item),  # link → target, its hash (ZARRFEED_RAW_LINKS)
             "samples": samples,
             "layout": seq.layout,
             "frames": seq.frames,

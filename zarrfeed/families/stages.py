@@ -20,7 +20,13 @@ import numpy as np
 
 from zarrfeed.errors import InputError, StoreError
 from zarrfeed.sources.catalog import RawCatalog, RawItem
-from zarrfeed.sources.raw import SourceWatch, is_hub, item_sha256, source_identity
+from zarrfeed.sources.raw import (
+    SourceWatch,
+    is_hub,
+    item_sha256,
+    source_identity,
+    source_links,
+)
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.checksums import recorded_checksums
 from zarrfeed.store.contract import CONTENT, SOURCE, StoredAsset, failed_checks, identity
@@ -130,6 +136,12 @@ class Inputs:
             )
         sha = self.content_hash(item)
         return item, sha, {SOURCE: source_identity(item, sha)}
+
+    def links(self, item: RawItem) -> dict[str, dict[str, Any]]:
+        """The item's symlinks, each with its target and the target's hash, for the
+        provenance (:func:`zarrfeed.sources.raw.source_links`: one the raw folder's policy
+        refuses fails naming link and target)."""
+        return source_links(item, self.files(item))
 
     def watch(self, item: RawItem) -> SourceWatch:
         """The item's files as they are now: :meth:`SourceWatch.verify` names one that changes

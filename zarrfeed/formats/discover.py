@@ -5,6 +5,11 @@ needs a look inside: one file per folder without ``.dcm`` suffixes is sniffed fo
 at byte 128, and in DICOM folders each file's header start is read once (cached by size and
 mtime) for its SeriesInstanceUID.
 
+Every entry discovery leaves out is listed with the reason: a hidden one (a name starting
+with ``.``, ``..dots.nii.gz`` too, by Unix convention) and, under ``ZARRFEED_RAW_LINKS=inside``
+(:func:`links_policy`), a file link whose target lies outside the raw folder.  Other file
+links are followed: the item is read at the target, and its provenance records both.
+
 Discovery survives any single broken entry: a symlink loop, a dangling link, a folder it may
 not list, a ``dataset.json`` or metadata CSV it cannot parse is skipped and reported with its
 path and the reason (``Found.skipped``); every other item is still found.
@@ -39,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Generic, NamedTuple, TypeVar
 
+from zarrfeed import defaults
 from zarrfeed.errors import InputError, InvalidKeyError
 from zarrfeed.formats.ct import CTItem
 from zarrfeed.formats.dicom import DICOM_SUFFIXES, group_series, looks_like_dicom
@@ -50,7 +56,40 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 SPIKE_FOLDERS = ("spike_packed", "spike")  # preferred first: the camera's own packed stream
 SPIKE_CONFIG = "dataset.json"
 UNKNOWN_LABEL = 255  # a CT-RATE label table's value where a scan has no label row
+HIDDEN = "hidden (its name starts with '.'): left out by convention; rename it to build it"
+LINK_POLICIES = ("follow", "inside")
 T = TypeVar("T")
+
+
+def links_policy() -> str:
+    """``ZARRFEED_RAW_LINKS`` (:data:`zarrfeed.defaults.RAW_LINKS` when unset): ``follow``
+    or ``inside``."""
+    policy = os.environ.get("ZARRFEED_RAW_LINKS", defaults.RAW_LINKS)
+    if policy not in LINK_POLICIES:
+        raise ValueError(f"ZARRFEED_RAW_LINKS={policy!r}: expected one of {LINK_POLICIES}")
+    return policy
+
+
+def link_target(path: str | Path, root: str | Path) -> tuple[str, bool] | None:
+    """(resolved target, whether it lies inside ``root``) when ``path`` is a symlink, else
+    None."""
+    if not os.path.islink(path):
+        return None
+    target = os.path.realpath(path)
+    inside = Path(target).is_relative_to(os.path.realpath(root))
+    return target, inside
+
+
+def refused_link(path: str | Path, root: str | Path) -> str | None:
+    """Why the link ``path`` is refused (its target outside ``root`` under
+    ``ZARRFEED_RAW_LINKS=inside``), or None when it is no link or is followed."""
+    found = link_target(path, root) if links_policy() == "inside" else None
+    if found is None or found[1]:
+        return None
+    return (
+        f"a link to {found[0]}, outside the raw folder {root} (ZARRFEED_RAW_LINKS=inside "
+        "refuses it: copy the file in, or set ZARRFEED_RAW_LINKS=follow)"
+    )
 
 
 def ct_stem(path: PurePath | str) -> str:
@@ -104,6 +143,7 @@ class _Listing(NamedTuple):
     folders: list[str]
     names: list[str]
     skipped: dict[str, str]  # entry → why it was left out
+    links: list[str]  # names of file symlinks
     path: Path
 
 
@@ -153,7 +193,7 @@ def walk_tree(root: str | Path) -> Tree:
         if (
             listing is None
             or listing.mtime != mtime
-            or listing.skipped
+            or any(why != HIDDEN for why in listing.skipped.values())
             or now - mtime <= _SETTLED_NS
         ):
             listing = _Listing(mtime, *_list(folder), Path(folder))
@@ -161,27 +201,48 @@ def walk_tree(root: str | Path) -> Tree:
         skipped.update(listing.skipped)
         stack.extend(reversed(listing.folders))  # sorted: popped smallest first
     _LISTINGS = seen  # folders gone since are forgotten
-    tree = Tree((listing.path, listing.names) for listing in seen.values())  # in path order
+    names = {folder: _followed(listing, root, skipped) for folder, listing in seen.items()}
+    tree = Tree((listing.path, names[f]) for f, listing in seen.items())  # in path order
     tree.skipped = skipped
     return tree
 
 
-def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
-    """(sorted subfolders, sorted file names, skipped entries) of one folder, hidden ones
-    left out and symlinked folders reported as skipped.  Subfolders share their parent's
-    path, so sorting them as strings sorts them by name, and a depth-first walk that takes
-    them in this order visits the tree in path order without sorting it whole."""
-    folders, names, skipped = [], [], {}
+def _followed(listing: _Listing, root: str | Path, skipped: dict[str, str]) -> list[str]:
+    """The listing's file names less the links refused (:func:`refused_link`), which go to
+    ``skipped``; the very same list when none is."""
+    if not listing.links:
+        return listing.names
+    refused = {}
+    for name in listing.links:
+        why = refused_link(os.path.join(listing.path, name), root)
+        if why is not None:
+            refused[name] = why
+    if not refused:
+        return listing.names
+    skipped.update({os.path.join(listing.path, n): why for n, why in refused.items()})
+    return [n for n in listing.names if n not in refused]
+
+
+def _list(folder: str) -> tuple[list[str], list[str], dict[str, str], list[str]]:
+    """(sorted subfolders, sorted file names, skipped entries, names of file links) of one
+    folder, hidden ones and symlinked folders left out and reported as skipped.  Subfolders
+    share their parent's path, so sorting them as strings sorts them by name, and a
+    depth-first walk that takes them in this order visits the tree in path order without
+    sorting it whole."""
+    folders, names, skipped, links = [], [], {}, []
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
                 if entry.name.startswith("."):
+                    skipped[entry.path] = HIDDEN
                     continue
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
                     elif entry.is_file():
                         names.append(entry.name)
+                        if entry.is_symlink():
+                            links.append(entry.name)
                     elif entry.is_symlink() and not os.path.exists(entry.path):
                         skipped[entry.path] = f"a dangling link to {os.readlink(entry.path)}"
                     elif entry.is_symlink() and entry.is_dir():
@@ -198,7 +259,7 @@ def _list(folder: str) -> tuple[list[str], list[str], dict[str, str]]:
         skipped[folder] = f"cannot list the folder: {exc.strerror or exc}"
     folders.sort()
     names.sort()
-    return folders, names, skipped
+    return folders, names, skipped, links
 
 
 def _key(name: str, path: Path, root: Path) -> str:
@@ -548,6 +609,8 @@ def discover_image_sets(root: str | Path) -> Found[Path]:
     )
 
 
-def image_files(folder: Path) -> list[Path]:
-    """The images of a set, as discovery lists them (a broken link is no image)."""
-    return [folder / n for n in _list(str(folder))[1] if n.lower().endswith(IMAGE_SUFFIXES)]
+def image_files(folder: Path, root: Path | None = None) -> list[Path]:
+    """The images of a set, as discovery lists them (a broken link is no image, nor, given
+    the raw ``root``, a link it refuses: :func:`refused_link`)."""
+    names = [n for n in _list(str(folder))[1] if n.lower().endswith(IMAGE_SUFFIXES)]
+    return [folder / n for n in names if root is None or refused_link(folder / n, root) is None]

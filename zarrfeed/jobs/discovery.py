@@ -137,7 +137,10 @@ def report_skipped(
     catalog.record_skipped(origin, skipped)
     if skipped:
         listed = "; ".join(f"{path}: {why}" for path, why in list(skipped.items())[:20])
-        log.warning(f"{family} discovery skipped {len(skipped)} broken raw entries: {listed}")
+        log.warning(
+            f"{family} discovery skipped {len(skipped)} raw entries (broken, hidden or "
+            f"refused links): {listed}"
+        )
 
 
 def _digest(*parts: str) -> str:

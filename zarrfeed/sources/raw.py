@@ -26,7 +26,9 @@ from zarrfeed.formats.discover import (
     discover_image_sets,
     discover_spike_sequences,
     image_files,
+    link_target,
     read_ct_rate_metadata,
+    refused_link,
     walk_tree,
 )
 from zarrfeed.sources.catalog import RawItem
@@ -142,7 +144,39 @@ def scan_images(root: str | Path) -> Scan:
     def make(key: str, folder: Path, size: int, mtime: float) -> RawItem:
         return RawItem(key, "images", str(folder), origin, size, mtime)
 
-    return _items(discover_image_sets(root), origin, make, image_files)
+    return _items(discover_image_sets(root), origin, make, lambda f: image_files(f, Path(root)))
+
+
+def item_root(item: RawItem) -> Path | None:
+    """The raw folder a local item was discovered in (None for a hub item)."""
+    return Path(item.origin.removeprefix("raw:")) if item.origin.startswith("raw:") else None
+
+
+def item_files(item: RawItem) -> list[Path]:
+    """An image set's files as discovery lists them under the item's raw folder."""
+    return image_files(Path(item.location), item_root(item))
+
+
+def source_links(item: RawItem, files: list[Path]) -> dict[str, dict[str, Any]]:
+    """Link → its resolved target, whether that lies inside the raw folder, and the
+    target's sha256, for the item's location and each of its ``files`` that is a symlink:
+    what a partition read is recorded, not only the link's name.  A link the raw folder's
+    policy refuses (``ZARRFEED_RAW_LINKS=inside``, :func:`refused_link`) fails naming it."""
+    root = item_root(item)
+    if root is None:
+        return {}
+    out = {}
+    for path in dict.fromkeys([Path(item.location), *files]):
+        found = link_target(path, root)
+        if found is None:
+            continue
+        why = refused_link(path, root)
+        if why is not None:
+            raise InputError(path, "a file inside the raw folder, or a link it follows", why)
+        target, inside = found
+        sha = file_sha256(target) if os.path.isfile(target) else None
+        out[str(path)] = {"target": target, "inside_root": inside, "sha256": sha}
+    return out
 
 
 def hub_origin(hub: CTRateHub) -> str:
