@@ -128,3 +128,14 @@ def test_the_classifier_never_scores_a_scan_it_trains_on(built):
         np.concatenate([train.origins, evaluate.origins]).tolist().sort(),
         every.origins.tolist().sort(),
     )
+
+
+def test_the_demos_valid_scans_hold_both_classes_of_every_rendered_finding():
+    from zarrfeed.commands.sample_data import DEMO_SCANS
+    from zarrfeed.samples import RENDERED, ct_scan_specs
+
+    specs = ct_scan_specs(DEMO_SCANS, np.random.default_rng([0, 1]))
+    valid = [s for s in specs if s.split == "valid"]
+    assert len(valid) >= 2 and held_out([s.name for s in specs]).sum() == len(valid)
+    for finding in RENDERED:
+        assert {finding in s.findings for s in valid} == {True, False}, finding
