@@ -99,8 +99,8 @@ class NaiveTask(CTClassification):
         super().__init__(config)
         self.raw, self.spacing = raw, spacing
 
-    def dataset(self) -> Dataset:
-        ours = super().dataset()
+    def dataset(self, split: str | None = None) -> Dataset:
+        ours = super().dataset(split)
         found = {p.name.removesuffix(".nii.gz"): p for p in self.raw.rglob("*.nii.gz")}
         meta = read_ct_rate_metadata(self.raw)
         files = [found[k] for k in ours.keys]

@@ -153,7 +153,13 @@ def ct_phantom(
 
 
 def ct_scan_specs(count: int, rng: np.random.Generator) -> list[ScanSpec]:
-    """CT-RATE naming: about a quarter valid; every second patient has a second reconstruction."""
+    """CT-RATE naming: about a quarter valid; every second patient has a second reconstruction.
+
+    Each scan draws each rendered finding with probability 0.35, except that every second
+    valid scan has exactly the findings the valid scan before it lacks: with two or more
+    valid scans, each rendered finding is present in one and absent in another, so a
+    classifier scored on the valid scans alone (held out of training) has a defined AUROC
+    for every finding the phantom draws."""
     n_valid = max(1, count // 4) if count > 1 else 0
     specs, patient = [], {"train": 0, "valid": 0}
     for i in range(count):
@@ -165,6 +171,9 @@ def ct_scan_specs(count: int, rng: np.random.Generator) -> list[ScanSpec]:
             patient[split] += 1
             name = f"{split}_{patient[split]}_a_1"
         findings = tuple(f for f in RENDERED if rng.random() < 0.35)
+        valid_index = i - (count - n_valid)
+        if split == "valid" and valid_index % 2 == 1:
+            findings = tuple(f for f in RENDERED if f not in specs[-1].findings)
         specs.append(ScanSpec(name, split, stores_hu=bool(i % 2), findings=findings))
     return specs
 

@@ -74,7 +74,7 @@ class Row:
     stored_bytes: int | None
     seconds: float
     cause: str = ""  # the root cause of a failure, one line
-    result: str = ""  # a model's task metric before -> after training
+    result: str = ""  # a model's headline metric before -> after, or why it did not learn
 
 
 Progress = Callable[[str], None]  # called with what starts next
@@ -283,19 +283,28 @@ def _row(result: Any, family: str, key: str, seconds: float) -> Row:
 
 
 def _score(asset: str, metadata: dict[str, Any]) -> str:
-    """``iou 0.00 -> 0.39`` for a model asset: its task metric before and after training."""
+    """``IoU 0.00 -> 0.39`` for a model asset: its task's headline metric before and after
+    training, or ``did not learn: AUROC 0.48 ≤ 0.5 (chance)`` (:meth:`Task.learned`, the
+    verdict of its ``learned`` check)."""
     from zarrfeed.training.tasks import TASK_TYPES, model_asset_name
 
     task = next((t for n, t in TASK_TYPES.items() if model_asset_name(n) == asset), None)
-    after = metadata.get(f"eval_{task.metric}") if task else None
-    before = metadata.get(f"eval_{task.metric}_before") if task else None
-    if after is None or before is None:
+    if task is None or "eval_loss" not in metadata:
         return ""
-    return f"{task.metric} {before.value:.2f} -> {after.value:.2f}"
+    before, after = (
+        {
+            name: value.value
+            for name in ("loss", task.metric)
+            if (value := metadata.get(f"eval_{name}{suffix}")) is not None
+        }
+        for suffix in ("_before", "")
+    )
+    return task.learned(before, after)[1]
 
 
 def print_summary(rows: list[Row], stream: TextIO) -> None:
-    """The summary table; each failure's root cause in one line below it."""
+    """The summary: one row per run, then what each model learned, each failure's root
+    cause in one line below; a name is never split over lines (80 columns hold it)."""
     from zarrfeed.commands.output import human_bytes, print_table
 
     table = [
@@ -307,17 +316,20 @@ def print_summary(rows: list[Row], stream: TextIO) -> None:
             r.checks,
             human_bytes(r.stored_bytes) if r.stored_bytes is not None else "",
             f"{r.seconds:.1f}",
-            r.result,
         ]
         for r in rows
     ]
+    models = [[r.partition, r.result] for r in rows if r.family == "training" and r.result]
     notes = [f"{r.family} {r.partition} failed: {r.cause}" for r in rows if not r.ok]
     print_table(
-        ["family", "partition", "ok", "assets", "checks", "stored", "s", "trained"],
+        ["family", "partition", "ok", "assets", "checks", "stored", "s"],
         table,
         stream=stream,
-        notes=notes,
+        notes=() if models else notes,
+        compact=True,
     )
+    if models:
+        print_table(["model", "trained"], models, stream=stream, notes=notes, compact=True)
 
 
 @contextlib.contextmanager

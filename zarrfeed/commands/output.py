@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+SHORT = 10  # a compact table never narrows a column whose cells are at most this wide
+
 
 def is_terminal(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
@@ -19,9 +21,12 @@ def print_table(
     title: str = "",
     stream: TextIO | None = None,
     notes: Sequence[str] = (),
+    compact: bool = False,
 ) -> None:
     """``rows`` under ``columns``; numbers right-aligned.  ``notes`` follow the table (a
-    root cause, the command that fixes something), one line each."""
+    root cause, the command that fixes something), one line each.  ``compact`` (in a
+    terminal): no borders, and a cell never wraps: a column too wide for the terminal ends
+    in an ellipsis, so a name is never split over lines."""
     stream = stream or sys.stdout
     cells = [["" if c is None else str(c) for c in row] for row in rows]
     numeric = [
@@ -29,12 +34,30 @@ def print_table(
         for i in range(len(columns))
     ]
     if is_terminal(stream):
+        from rich import box
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=title or None, title_justify="left", header_style="bold")
-        for name, right in zip(columns, numeric, strict=True):
-            table.add_column(name, justify="right" if right else "left", overflow="fold")
+        table = Table(
+            title=title or None,
+            title_justify="left",
+            header_style="bold",
+            **(
+                {"box": box.SIMPLE_HEAD, "show_edge": False, "padding": (0, 1, 0, 0)}
+                if compact
+                else {}
+            ),
+        )
+        for i, (name, right) in enumerate(zip(columns, numeric, strict=True)):
+            # short columns (flags, counts) keep their width; long ones give way
+            widest = max([len(name), *(len(r[i]) for r in cells)])
+            table.add_column(
+                name,
+                justify="right" if right else "left",
+                overflow="ellipsis" if compact else "fold",
+                no_wrap=compact,
+                min_width=widest if compact and widest <= SHORT else None,
+            )
         for row in cells:
             table.add_row(*(_style(c) for c in row))
         console = Console(file=stream)

@@ -51,6 +51,12 @@ class DataConfig(Section):
         1.0, description="GB of RAM for decoded arrays, one copy shared by all workers"
     )
     eval_batches: int = Field(4, description="fixed batches scored before and after training")
+    holdout: Literal["auto", "none"] = Field(
+        "auto",
+        description="evaluation samples (ct_classifier): auto scores scans it never trains "
+        "on (CT-RATE's valid_ scans, else a fixed quarter of the keys); none scores training "
+        "samples (a store too small to hold any out)",
+    )
     dataset_version: str | None = Field(
         None,
         description="the dataset version to read (`zarrfeed datasets list`); default: the "

@@ -174,23 +174,28 @@ def result_metadata(result: TrainResult, trained_on: dict[str, Any]) -> dict[str
     }
 
 
+def learned_check(result: TrainResult) -> dict[str, Any]:
+    """The ``learned`` check of a run, as :meth:`PipesContext.report_asset_check` takes it:
+    passed where the loss fell and the task's headline metric moved its way past chance
+    (:meth:`Task.learned`), with the values behind it and the verdict in words."""
+    task = TASK_TYPES[result.task]
+    before, after = result.eval_before, result.eval_after
+    passed, verdict = task.learned(before, after)
+    values = {
+        f"{name}_{when}": round(v, 4)
+        for name in ("loss", task.metric)
+        for when, found in (("before", before), ("after", after))
+        if (v := found.get(name)) is not None
+    }
+    return {"passed": passed, "metadata": {**values, "verdict": verdict}}
+
+
 def report(pipes: PipesContext, result: TrainResult) -> None:
-    """Rank 0's report: the materialisation, then the warning check that the model learned:
-    the loss fell and the task's own metric rose."""
+    """Rank 0's report: the materialisation, then the warning check that the model learned
+    (:func:`learned_check`)."""
     trained_on = pipes.extras.get("trained_on", {})
     pipes.report_asset_materialization(metadata=result_metadata(result, trained_on))
-    metric = TASK_TYPES[result.task].metric
-    before, after = result.eval_before, result.eval_after
-    pipes.report_asset_check(
-        LEARNED,
-        passed=after["loss"] < before["loss"] and after[metric] > before[metric],
-        severity="WARN",
-        metadata={
-            f"{name}_{when}": round(values[name], 4)
-            for name in ("loss", metric)
-            for when, values in (("before", before), ("after", after))
-        },
-    )
+    pipes.report_asset_check(LEARNED, severity="WARN", **learned_check(result))
 
 
 @record  # a rank's exception goes to torchrun's error file: the asset quotes it on failure

@@ -337,14 +337,23 @@ class Trainer:
         return {k: None if v is None else round(v, 6) for k, v in {**totals, **pooled}.items()}
 
     def _eval_batches(self, dataset: Dataset) -> list[Any]:
-        """``eval_batches`` batches spread over the dataset, the same in every run (the
-        dataset is closed after: the batches are all that is kept of it)."""
+        """Up to ``eval_batches`` batches spread over the task's evaluation samples (its
+        ``"eval"`` split: held-out scans for the CT classifier), the same in every run; the
+        last batch is short where the split holds fewer samples (the dataset is closed
+        after: the batches are all that is kept of it)."""
         collate, b = self.task.collate(dataset), self.config.train.batch_size
-        count = min(self.config.data.eval_batches, len(dataset) // b)
-        picks = np.linspace(0, len(dataset) - 1, count * b).astype(int)
+        count = min(self.config.data.eval_batches * b, len(dataset))
+        picks = np.linspace(0, len(dataset) - 1, count).astype(int)
+        held = getattr(dataset, "eval_keys", None)
+        if held is not None and self.task.evaluates_on == "held_out":
+            kept = f"{len(held)} of {len(dataset.keys)} scans held out" if held else (
+                "nothing held out (one scan): scored on the scan it trains on")  # fmt: skip
+            if dataset.split is None:
+                kept = "data.holdout none: scored on training samples"
+            self.log(f"[{self.config.task}] evaluation: {count} samples; {kept}")
         try:
             return [
-                collate([dataset[int(i)] for i in picks[j * b : (j + 1) * b]]) for j in range(count)
+                collate([dataset[int(i)] for i in picks[j : j + b]]) for j in range(0, count, b)
             ]
         finally:
             dataset.close()
@@ -477,7 +486,7 @@ class Trainer:
         c, t = self.config, self.config.train
         torch.manual_seed(c.seed)
         self._pin_dataset_version()
-        dataset = self.task.dataset()
+        dataset = self.task.dataset("train")
         if len(dataset) < t.batch_size * self.env.world:
             raise ConfigError(
                 f"{c.task}: {len(dataset)} samples in {c.store} cannot fill one batch of "
@@ -521,7 +530,7 @@ class Trainer:
         optimizer = make_optimizer(model, t.lr, t.weight_decay, self.device)
         saved = self._load(model, optimizer, dataset, feed)
         self._order = feed.order()  # after the checkpoint's was taken up
-        eval_batches = self._eval_batches(self.task.dataset()) if self.env.main else []
+        eval_batches = self._eval_batches(self.task.dataset("eval")) if self.env.main else []
         eval_before = saved["eval_before"] if saved else self._evaluate(model, eval_batches)
         state = {
             "step": 0, "epoch": 0, "position": 0, "eval_before": eval_before,

@@ -3,6 +3,7 @@ occupied-voxel coordinates of the sparse indices."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,34 @@ from zarrfeed.training.data.reader import copy_threads
 from zarrfeed.training.data.ring import RELEASE, BatchRing
 from zarrfeed.transforms.sparse import sample_points
 
+VALID_PREFIX = "valid_"  # CT-RATE names its validation scans valid_<patient>_<scan>_<recon>
+HOLDOUT_SHARE = 4  # where the names mark no split: about one key in 4 is held out
+
+
+def held_out(keys: Sequence[str]) -> np.ndarray:
+    """Which of ``keys`` (a boolean mask) are held out of training for evaluation.
+
+    CT-RATE's validation scans (names ``valid_…``), where some but not all keys are;
+    otherwise about a quarter of the keys, chosen by a hash of the key (so a key keeps its
+    side whatever other keys come or go), at least one where there are two or more.  A
+    single key cannot be held out: it is trained on and scored, and the trainer says so.
+    """
+    keys = list(keys)
+    valid = np.array([k.startswith(VALID_PREFIX) for k in keys], bool)
+    if 0 < valid.sum() < len(keys):
+        return valid
+    mask = np.zeros(len(keys), bool)
+    if len(keys) < 2:
+        return mask
+    digest = np.array([int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) for k in keys])
+    mask[digest % HOLDOUT_SHARE == 0] = True
+    if not mask.any():
+        mask[int(np.argmin(digest))] = True
+    if mask.all():
+        mask[int(np.argmax(digest))] = False
+    return mask
+
+
 _TORCH_DTYPES = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
 
 
@@ -31,6 +60,11 @@ class CTPatchDataset(StoreDataset):
     volume, "foreground" on the stored occupancy (see :mod:`.patches`), or a
     :class:`~zarrfeed.training.data.patches.PatchSampler`.  CT-RATE labels come along as
     float32 0/1 (NaN where a scan has no label row).
+
+    ``split`` keeps the samples of the scans trained on ("train") or of those held out for
+    evaluation ("eval", see :func:`held_out`); None keeps every scan.  The index still
+    numbers every key of the manifest (``keys``, ``items``); ``eval_keys`` names the held-out
+    scans.
 
     A plain ``DataLoader`` batches the samples; ``__getitems__`` reads a whole batch at once
     into one buffer, and ``collate_fn=ds.collate`` (what ``make_loader`` passes) hands that
@@ -50,7 +84,10 @@ class CTPatchDataset(StoreDataset):
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         patch_sampler: str | PatchSampler = "stored",
         dataset_version: str | None = None,
+        split: str | None = None,
     ) -> None:
+        if split not in (None, "train", "eval"):
+            raise ValueError(f"split must be None, 'train' or 'eval', got {split!r}")
         super().__init__(store, cache_gb, seed, transform, dataset_version)
         self.window, self.patch = window, patch
         if window not in self.partitions[0]["arrays"]:
@@ -68,6 +105,15 @@ class CTPatchDataset(StoreDataset):
             table, _ = self.read_table(CT.dataset_path, PATCH_TABLE.name, ["offsets", "origins"])
             self.items = np.repeat(self.items, np.diff(table["offsets"]))
             self.origins = table["origins"]
+        evaluated = held_out(self.keys)
+        self.split = split
+        self.eval_keys = [k for k, e in zip(self.keys, evaluated, strict=True) if e]
+        if split is not None and evaluated.any():
+            keep = evaluated[self.items] == (split == "eval")
+            self.items = self.items[keep]
+            if patch:
+                self.origins = self.origins[keep]
+        if patch:
             attrs = self.pinned_attrs(CT_PATCHES.path, [0])[0]
             self.patch_shape = tuple(attrs["patch_shape"])
             self.patch_sampler = make_patch_sampler(patch_sampler)
