@@ -24,8 +24,7 @@ def add_parser(sub: Any) -> None:
         "--scans",
         type=count(0),
         default=DEMO_SCANS,
-        help="CT volumes (CT-RATE layout; a quarter valid_, held out of the classifier's "
-        "training)",
+        help="CT volumes (CT-RATE layout; a quarter valid_, held out of the classifier's training)",
     )
     p.add_argument("--sequences", type=count(0), default=2, help="spike/GoPro sequences")
     p.add_argument("--samples", type=count(1), default=6, help="samples per spike sequence")
