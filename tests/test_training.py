@@ -19,7 +19,7 @@ from zarrfeed.training import CTPatchDataset
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DevicePatches
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
-from zarrfeed.training.trainer import amp_policy, make_optimizer, train
+from zarrfeed.training.trainer import RunFolderHeld, amp_policy, make_optimizer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,6 +149,44 @@ def test_gradient_accumulation_and_checkpointing_run(built, tmp_path):
     cfg.train.grad_checkpointing = True
     result = train(cfg)
     assert result.step == 4 and result.history["samples"] == [12] * 4  # 3 batches of 4 per step
+
+
+def test_a_held_run_folder_refuses_another_training_and_dead_writers_files_go(built, tmp_path):
+    """A process holding the run folder's lock (as a training does for its life) refuses a
+    second training at once, by the holder's pid and host, before it writes anything; once
+    the holder is killed the kernel frees the folder, and the run that starts removes the
+    checkpoint file a dead writer left and keeps a live writer's."""
+    cfg = config(built, tmp_path, "spike_deblur", steps=2)
+    run = cfg.run_dir
+    hold_it = "import sys, time; from zarrfeed.processes import hold; h = hold(sys.argv[1]); "
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold_it + "print('held', flush=True); time.sleep(600)",
+         str(run / "train.lock")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    live = subprocess.Popen(["sleep", "600"])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderHeld) as refused:
+            train(cfg, log=None)
+        message = str(refused.value)
+        assert str(run) in message and f"pid {holder.pid} on {socket.gethostname()}" in message
+        assert sorted(p.name for p in run.iterdir()) == ["train.lock"]  # no events, no checkpoint
+        ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        dead_tmp, live_tmp = run / f"last.{int(ended.stdout)}.tmp", run / f"last.{live.pid}.tmp"
+        dead_tmp.write_bytes(b"half a checkpoint")
+        live_tmp.write_bytes(b"a checkpoint being written")
+        holder.kill()  # kill -9: no clean-up, the kernel drops its lock
+        holder.wait()
+        lines: list[str] = []
+        assert train(cfg, log=lines.append).step == 2
+        assert not dead_tmp.exists() and live_tmp.exists() and (run / "last.pt").exists()
+        assert any(f"removed {dead_tmp}: its writer is dead" in line for line in lines)
+    finally:
+        for process in (holder, live):
+            process.kill()
+            process.wait()
 
 
 def test_sampler_shards_cover_each_epoch_and_resume_mid_epoch():
