@@ -121,6 +121,37 @@ def test_a_mistyped_store_or_an_unwritable_path_fails_in_one_line(tmp_path):
     assert str(blocker) in out.stderr
 
 
+def test_a_second_demo_on_one_dagster_home_is_refused_in_one_line(tmp_path):
+    """Two demos creating one instance at once break its SQLite storage (the second died on
+    "dynamic partitions table ... dagster instance migrate"): while one holds the home, the
+    next is refused by the home and the holder's pid; once the holder is killed, it runs."""
+    home, raw = (tmp_path / "home").resolve(), tmp_path / "empty"
+    raw.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from zarrfeed.commands.instance import hold_home; h = hold_home(Path(sys.argv[1]), "
+         "'demo'); print('held', flush=True); time.sleep(600)", str(home)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = zarrfeed("demo", "--raw", raw, "--store", tmp_path / "s.zarr",
+                       "--dagster-home", home, cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr[-2000:]
+        assert (
+            f"zarrfeed demo: the Dagster home {home} is in use by zarrfeed demo, pid "
+            in (out.stderr)
+            and f"pid {holder.pid} on " in out.stderr
+        )
+        assert "migrate" not in out.stderr and not (home / "dagster.yaml").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    out = zarrfeed("demo", "--raw", raw, "--store", tmp_path / "s.zarr",
+                   "--dagster-home", home, cwd=tmp_path)  # fmt: skip
+    assert f"{raw}: expected raw CT scans" in out.stderr  # past the hold: the empty raw folder
+
+
 def test_the_one_line_cause_is_the_message_that_names_the_file():
     from types import SimpleNamespace as Error
 

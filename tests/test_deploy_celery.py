@@ -18,10 +18,11 @@ WORKERS = ("w1", "w2")
 
 @pytest.fixture(scope="module")
 def celery(tmp_path_factory):
-    """(deployment, raw folder, keys): deploy/dagster.yaml with test-sized limits, 10 raw scans,
-    a fresh Postgres database, a Redis database of its own, two workers."""
+    """(deployment, raw folder, keys): deploy/dagster.yaml with test-sized limits, 11 raw scans
+    (8 backfilled, 2 crashed, 1 to measure the machine before the crash), a fresh Postgres
+    database, a Redis database of its own, two workers."""
     tmp = tmp_path_factory.mktemp("celery")
-    raw = ct_raw(tmp / "raw", 10)
+    raw = ct_raw(tmp / "raw", 11)
     production = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
     limits = {"max_concurrent_runs": 2, "poll_interval_seconds": POLL_S,
               "free_slots_after_run_end_seconds": 1}  # fmt: skip
@@ -78,5 +79,5 @@ def test_backfill_on_two_celery_workers_builds_the_embedded_store(celery, tmp_pa
 def test_crashed_runs_and_workers_do_not_block_the_queue(celery):
     d, raw, keys = celery
     victims = {k: next(raw.rglob(f"{k}.nii.gz")) for k in keys[8:10]}
-    seconds = crash_and_recover(d, victims, {}, workers=WORKERS)
+    seconds = crash_and_recover(d, victims, {}, measure=keys[10], workers=WORKERS)
     print(f"crashed runs failed {seconds}")

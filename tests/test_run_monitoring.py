@@ -16,9 +16,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
     """(deployment, raw folder, keys): the demo's dagster.yaml (one run slot, as on one core:
-    one crash fills the queue) with a short monitoring interval, 1 raw scan."""
+    one crash fills the queue) with a short monitoring interval, 2 raw scans (one crashed,
+    one built first to measure the machine)."""
     tmp = tmp_path_factory.mktemp("embedded")
-    raw = ct_raw(tmp / "raw", 1)
+    raw = ct_raw(tmp / "raw", 2)
     demo_home = tmp / "demo_home"
     prepare_home(demo_home, runs=1)
     demo = yaml.safe_load((demo_home / "dagster.yaml").read_text())
@@ -30,5 +31,5 @@ def embedded(tmp_path_factory):
 def test_crashed_runs_of_the_demo_instance_do_not_block_its_queue(embedded):
     d, raw, keys = embedded
     victims = {keys[0]: next(raw.rglob(f"{keys[0]}.nii.gz"))}
-    seconds = crash_and_recover(d, victims, {})
+    seconds = crash_and_recover(d, victims, {}, measure=keys[1])
     print(f"crashed runs failed {seconds}")

@@ -69,6 +69,7 @@ def test_wrong_credentials_fail_naming_the_object_but_not_the_secret(weed):
     text = str(err.value)
     assert f"s3://{BUCKET}/denied/.zarrfeed/commits/ct/hu/scan_1.json" in text
     assert weed.endpoint in text and "not-the-secret-at-all" not in text
+    assert "refused these credentials" in text  # the server said so: the one hint that fits
 
 
 def test_manifests_reread_only_changed_records(store):
@@ -279,6 +280,7 @@ def test_a_lasting_fault_fails_the_partition_cleanly(faulty, path, fault):
     text = str(err.value)
     assert "could not write" in text and "retries included" in text and store.url in text
     assert faulty.secret not in text and faulty.key not in text
+    assert "credentials" not in text  # a server error or a cut connection: not a login
     assert store.commit_record("ct/windows", "scan_1") == before  # the old version, whole
     assert values_of(store, "scan_1") == [0.5]
     assert versions(store, "scan_1") == [before["version"]]  # the new one was removed

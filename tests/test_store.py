@@ -1,6 +1,7 @@
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -310,6 +311,40 @@ def test_a_write_back_error_fails_the_commit_naming_the_file(tmp_path, monkeypat
     monkeypatch.undo()
     np.testing.assert_array_equal(store.open_array("ct/windows", "scan_1", "lung")[:], 0.5)
     assert len(versions(store, "scan_1")) == 1  # the new version was discarded
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_names_the_path_and_the_free_space_not_credentials(tmp_path, monkeypatch, code):
+    store = ZarrStore(tmp_path / "s.zarr")
+
+    async def full(self, key, value, *args, **kwargs):
+        raise OSError(code, os.strerror(code), f"{self.root}/{key}")
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", full)
+    with pytest.raises(StoreError) as err:
+        write(store, "scan_1", 0.5)
+    text = str(err.value)
+    assert f"could not write {tmp_path / 's.zarr'}/ct/windows/" in text, text
+    assert f"({errno.errorcode[code]}); the file system of {tmp_path / 's.zarr'}" in text
+    assert re.search(r"has \d+\.\d\d GB free of \d+\.\d\d GB", text), text
+    assert "credentials" not in text and "reachable" not in text
+
+
+def test_no_permission_or_a_read_only_disk_names_the_mode_and_owner(tmp_path):
+    """Tests run as root, which a 0500 folder does not stop: the error is raised by hand."""
+    backend, folder = LocalBackend(tmp_path / "s.zarr"), tmp_path / "s.zarr"
+    folder.mkdir(mode=0o500)
+    target = f"{folder}/ct/windows/zarr.json"
+    denied = backend.failure("write", target, PermissionError(errno.EACCES, "denied", target))
+    text = str(denied)
+    assert text.startswith(f"could not write {target}: permission denied (EACCES); {folder} is ")
+    assert "mode dr-x------ (0500), owned by " in text and "this process runs as " in text
+    assert "credentials" not in text
+    locked = backend.failure("write", target, OSError(errno.EROFS, "read-only", target))
+    assert f"read-only file system (EROFS) at {folder}" in str(locked)
+    other = str(backend.failure("read", target, OSError(errno.EIO, "I/O error", target)))
+    assert "EIO" not in other and "I/O error" in other and "retries" not in other
+    assert "credentials" not in other
 
 
 def test_a_commit_killed_at_any_step_leaves_the_old_or_the_new_version_whole(tmp_path):

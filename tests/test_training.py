@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,8 +18,8 @@ from zarrfeed.errors import ConfigError
 from zarrfeed.training import CTPatchDataset
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DevicePatches
-from zarrfeed.training.data.sampler import ResumableSampler
-from zarrfeed.training.trainer import amp_policy, make_optimizer, train
+from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
+from zarrfeed.training.trainer import RunFolderHeld, amp_policy, make_optimizer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,6 +151,44 @@ def test_gradient_accumulation_and_checkpointing_run(built, tmp_path):
     assert result.step == 4 and result.history["samples"] == [12] * 4  # 3 batches of 4 per step
 
 
+def test_a_held_run_folder_refuses_another_training_and_dead_writers_files_go(built, tmp_path):
+    """A process holding the run folder's lock (as a training does for its life) refuses a
+    second training at once, by the holder's pid and host, before it writes anything; once
+    the holder is killed the kernel frees the folder, and the run that starts removes the
+    checkpoint file a dead writer left and keeps a live writer's."""
+    cfg = config(built, tmp_path, "spike_deblur", steps=2)
+    run = cfg.run_dir
+    hold_it = "import sys, time; from zarrfeed.processes import hold; h = hold(sys.argv[1]); "
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold_it + "print('held', flush=True); time.sleep(600)",
+         str(run / "train.lock")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    live = subprocess.Popen(["sleep", "600"])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderHeld) as refused:
+            train(cfg, log=None)
+        message = str(refused.value)
+        assert str(run) in message and f"pid {holder.pid} on {socket.gethostname()}" in message
+        assert sorted(p.name for p in run.iterdir()) == ["train.lock"]  # no events, no checkpoint
+        ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        dead_tmp, live_tmp = run / f"last.{int(ended.stdout)}.tmp", run / f"last.{live.pid}.tmp"
+        dead_tmp.write_bytes(b"half a checkpoint")
+        live_tmp.write_bytes(b"a checkpoint being written")
+        holder.kill()  # kill -9: no clean-up, the kernel drops its lock
+        holder.wait()
+        lines: list[str] = []
+        assert train(cfg, log=lines.append).step == 2
+        assert not dead_tmp.exists() and live_tmp.exists() and (run / "last.pt").exists()
+        assert any(f"removed {dead_tmp}: its writer is dead" in line for line in lines)
+    finally:
+        for process in (holder, live):
+            process.kill()
+            process.wait()
+
+
 def test_sampler_shards_cover_each_epoch_and_resume_mid_epoch():
     a, b = ResumableSampler(10, 0, 2, seed=3), ResumableSampler(10, 1, 2, seed=3)
     shards = list(a), list(b)
@@ -161,6 +200,50 @@ def test_sampler_shards_cover_each_epoch_and_resume_mid_epoch():
     assert second != shards[0]
     a.set_epoch(1, start=2)
     assert list(a) == second[2:] and len(a) == 3
+
+
+class TinyPartitions:
+    """What BlockSampler reads of a dataset: two samples per partition, 1 kB each."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.cache = SimpleNamespace(capacity_bytes=4096)
+
+    def sample_items(self) -> list[int]:
+        return [i // 2 for i in range(self.size)]
+
+    def partition_bytes(self) -> list[int]:
+        return [1024] * ((self.size + 1) // 2)
+
+
+def samplers(kind: str, size: int, world: int) -> list[ResumableSampler | BlockSampler]:
+    if kind == "block":
+        return [
+            BlockSampler(TinyPartitions(size), r, world, 7, prefetch=False) for r in range(world)
+        ]
+    return [ResumableSampler(size, r, world, seed=7) for r in range(world)]
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "block"])
+@pytest.mark.parametrize(
+    ("size", "world"), [(1, 8), (2, 8), (3, 8), (5, 8), (9, 8), (17, 8), (1, 3), (7, 2)]
+)
+def test_every_rank_gets_as_many_samples_whatever_the_world(kind, size, world):
+    """A small split on more ranks than twice its samples: padding repeats the order as
+    DistributedSampler does, else ranks get different counts and DDP waits forever."""
+    ranks = samplers(kind, size, world)
+    for sampler in ranks:
+        sampler.set_epoch(3)
+    shards = [list(s) for s in ranks]
+    per_rank = -(-size // world)
+    assert [len(s) for s in shards] == [len(s) for s in ranks] == [per_rank] * world
+    assert set().union(*shards) == set(range(size))
+    counts = np.bincount([i for s in shards for i in s], minlength=size)
+    assert counts.max() - counts.min() <= 1  # repeated as evenly as the order allows
+    for sampler, shard in zip(ranks, shards, strict=True):  # resume mid-epoch, every rank
+        for start in range(per_rank + 1):
+            sampler.set_epoch(3, start)
+            assert len(sampler) == per_rank - start and list(sampler) == shard[start:]
 
 
 def test_a_task_s_own_defaults_lie_under_whatever_is_given():

@@ -5,19 +5,26 @@ A pid alone identifies nothing for long: pids are reused, and a host reboots.  A
 named by its host and boot (:func:`host_identity`) and its pid, and judged alive only while
 the pid belongs to a live process that started no later than the one recorded.  CPUs and
 memory are what this process may get — its affinity and cgroup quota, the memory its cgroup
-and address-space limit leave — not the host's totals.
+and address-space limit leave — not the host's totals.  :func:`hold` keeps a folder to one
+process at a time, by a lock the kernel releases when its holder dies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import math
 import os
 import resource
 import socket
+import time
 from functools import cache
 from pathlib import Path
 
 import psutil
+
+from zarrfeed.errors import ZarrfeedError
 
 HOST_TAG = "zarrfeed/host"  # the Dagster run tag holding host_identity() of a run's host
 
@@ -103,3 +110,71 @@ def process_alive(pid: int, since: float | None = None) -> bool:
     if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
         return False
     return since is None or started <= since + 1.0
+
+
+class Held(ZarrfeedError):
+    """What :func:`hold` found holding a lock: its holder's pid, host and start (as the lock
+    file records them; None while the holder has not written them yet)."""
+
+    def __init__(self, path: Path, holder: dict) -> None:
+        self.path, self.holder = path, holder
+        self.pid, self.host = holder.get("pid"), holder.get("host")
+        super().__init__(f"{path} is held by {self.who()}")
+
+    def who(self) -> str:
+        if self.pid is None:
+            return "a process that is starting (it has not written its pid yet)"
+        since = self.holder.get("since")
+        when = (
+            f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}" if since else ""
+        )
+        what = self.holder.get("what")
+        return f"{what + ', ' if what else ''}pid {self.pid} on {self.host}{when}"
+
+
+class Hold:
+    """An exclusive ``flock`` on a lock file, held by this process until :meth:`release` or
+    its death (the kernel drops it with the last descriptor: ``kill -9`` leaves no stale
+    lock).  The file records the holder (pid, host, start), for whoever is refused.  A child
+    forked while it is held shares it, as it shares the descriptor."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the only descriptor releases the lock
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def hold(path: str | os.PathLike, what: str = "") -> Hold:
+    """Take the lock file ``path`` (created with its folder) for this process, or raise
+    :class:`Held` naming its holder (``what`` it is, its pid and host) at once, without
+    waiting."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:  # written half (a holder between truncate and write)
+            holder = {}
+        os.close(fd)
+        raise Held(path, holder if isinstance(holder, dict) else {}) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": what}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    return Hold(path, fd)

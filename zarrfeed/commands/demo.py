@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from zarrfeed import defaults
+from zarrfeed.commands.instance import hold_home
 from zarrfeed.errors import ConfigError, root_cause
 
 # Run monitoring: a run whose process died with no one to report it (a killed `zarrfeed demo`,
@@ -451,7 +452,7 @@ def main(args: argparse.Namespace) -> int:
         sample_data.write(raw, bars=False)
     log = home.resolve() / "demo.log"
     t0 = time.perf_counter()
-    with output_to(log) as terminal:
+    with hold_home(home, "demo"), output_to(log) as terminal:
         rows = run_demo(raw, args.store, home, lambda total: progress_display(total, terminal))
     print_summary(rows, sys.stdout)
     failed = [r for r in rows if not r.ok]

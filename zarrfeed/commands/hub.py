@@ -20,6 +20,7 @@ from zarrfeed.commands.demo import (
     use_home,
     workspace_origin,
 )
+from zarrfeed.commands.instance import hold_home
 from zarrfeed.commands.options import count
 
 
@@ -105,7 +106,11 @@ def main(args: argparse.Namespace) -> int:
     config |= {k: v for k, v in (("cache_dir", args.cache_dir), ("endpoint", args.endpoint)) if v}
     home = Path(args.dagster_home)
     log = home.resolve() / "hub.log"
-    with output_to(log) as terminal, progress_display(None, terminal) as progress:
+    with (
+        hold_home(home, "hub"),
+        output_to(log) as terminal,
+        progress_display(None, terminal) as progress,
+    ):
         rows = run_hub(config, args.store, home, progress)
     print_summary(rows, sys.stdout)
     failed = [r for r in rows if not r.ok]

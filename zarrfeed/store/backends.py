@@ -109,15 +109,33 @@ class Backend:
 
     def failure(self, operation: str, path: str | Sequence[str], exc: BaseException) -> StoreError:
         """The error for a failed ``operation`` on ``path``, safe to log: it names the
-        object and the server, never a credential."""
+        object and the server, never a credential.  A full disk, a denied permission or a
+        read-only file system says so, with the free space or the mode and owner; the
+        credentials are named only when the server refused them."""
         where = self.location(path) if isinstance(path, str) else f"{len(path)} objects"
+        local = self.local_path(path, exc)
+        problem = disk_problem(exc, local) if local else None
+        if problem:
+            return StoreError(f"could not {operation} {where}: {problem}")
         server = f" at {self.endpoint}" if self.endpoint else ""
         text = redact(f"{type(exc).__name__}: {exc}", self.storage_options)
+        retried = ", retries included" if self.retried else ""
+        if self.retried and refused_credentials(exc, text):
+            advice = (
+                f"the store {self.url}{server} refused these credentials: check that they "
+                f"allow {operation} there"
+            )
+        else:
+            advice = f"check that the store {self.url}{server} is reachable and allows {operation}"
         return StoreError(
-            f"could not {operation} {where} ({text}), retries included: check that the store "
-            f"{self.url}{server} is reachable and allows {operation} with these credentials, "
-            "then run it again"
+            f"could not {operation} {where} ({text}){retried}: {advice}, then run it again"
         )
+
+    retried = False  # whether the client retried a failure before it reached failure()
+
+    def local_path(self, path: str | Sequence[str], exc: BaseException) -> str | None:
+        """The file on this machine's disks that ``exc`` failed on, if there is one."""
+        return None
 
     def read(self, path: str) -> bytes:
         """The whole object; ``FileNotFoundError`` when it does not exist."""
@@ -178,6 +196,12 @@ class LocalBackend(Backend):
     def __init__(self, root: str | Path) -> None:
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         self.url = self.identity = self.root
+
+    def local_path(self, path: str | Sequence[str], exc: BaseException) -> str | None:
+        named = getattr(exc, "filename", None)
+        if isinstance(named, str) and os.path.isabs(named):
+            return named  # the file the OS call failed on (a temporary file, a chunk)
+        return path if isinstance(path, str) else None
 
     def read(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -274,6 +298,88 @@ class LocalBackend(Backend):
         return LocalStore(path, read_only=read_only)
 
 
+_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+_NO_PERMISSION = (errno.EACCES, errno.EPERM)
+# What S3-compatible servers answer when they refuse a request's credentials; s3fs turns a
+# 403 into a PermissionError.
+_REFUSED = re.compile(
+    r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|InvalidToken|"
+    r"InvalidClientTokenId|\b403\b|Forbidden"
+)
+
+
+def refused_credentials(exc: BaseException, text: str) -> bool:
+    """Whether an object store's error says it refused the credentials (not a lost
+    connection, a server error or a missing bucket)."""
+    return isinstance(exc, PermissionError) or bool(_REFUSED.search(text))
+
+
+def nearest_existing(path: str) -> str:
+    """``path``, or its nearest parent that exists."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def disk_problem(exc: BaseException, path: str) -> str | None:
+    """What a person must fix when a local write failed for want of space, permission or a
+    writable file system — with the free space, or the mode and owner of the nearest
+    existing part of ``path`` — or None for any other failure."""
+    code = getattr(exc, "errno", None)
+    if not isinstance(exc, OSError) or code is None:
+        return None
+    name = errno.errorcode.get(code, str(code))
+    here = nearest_existing(path)
+    if code in _NO_SPACE:
+        try:
+            usage = shutil.disk_usage(here)
+            room = f"{usage.free / 1e9:.2f} GB free of {usage.total / 1e9:.2f} GB"
+        except OSError:
+            room = "its free space unknown"
+        return (
+            f"{_NO_SPACE[code]} ({name}); the file system of {here} has {room}: free space "
+            "there (or raise the quota) or put the store on another disk, then run it again"
+        )
+    if code in _NO_PERMISSION:
+        return (
+            f"permission denied ({name}); {describe_access(here)}: give this user write "
+            "access there or put the store elsewhere, then run it again"
+        )
+    if code == errno.EROFS:
+        return (
+            f"read-only file system ({name}) at {here}: remount it read-write or put the "
+            "store elsewhere, then run it again"
+        )
+    return None
+
+
+def describe_access(path: str) -> str:
+    """``path``'s mode and owner, and who this process runs as."""
+    import grp
+    import pwd
+    import stat
+
+    def user(uid: int) -> str:
+        with contextlib.suppress(KeyError):
+            return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+        return f"uid {uid}"
+
+    def group(gid: int) -> str:
+        with contextlib.suppress(KeyError):
+            return grp.getgrgid(gid).gr_name
+        return str(gid)
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{path} cannot be examined ({exc.strerror})"
+    mode = f"{stat.filemode(st.st_mode)} ({st.st_mode & 0o7777:04o})"
+    return (
+        f"{path} is mode {mode}, owned by {user(st.st_uid)}, group {group(st.st_gid)}; "
+        f"this process runs as {user(os.geteuid())}"
+    )
+
+
 def _fsync(path: str) -> None:
     """fsync a file or folder; an error names it (write-back errors such as ENOSPC or EIO
     surface here).  Filesystems that cannot fsync a folder (EINVAL) are taken at their word,
@@ -319,6 +425,8 @@ class ObjectBackend(Backend):
     connections (:data:`S3_DEFAULTS`, overridable per option); what still fails raises a
     :class:`StoreError` that names the object.
     """
+
+    retried = True  # botocore's and s3fs's retries (S3_RETRIES)
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.storage_options = dict(storage_options or {})

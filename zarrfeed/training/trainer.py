@@ -11,7 +11,9 @@ the loss curve of an uninterrupted one.  A run continues only a checkpoint of th
 (``config.run_differences``); another run's checkpoint is left alone and the new run takes
 the next free folder.  SIGINT and SIGTERM end the step in progress, then write the
 checkpoint, metrics and plots of that step.  Under ``torchrun`` it trains with DDP, one shard
-of every epoch per rank, and only rank 0 writes.
+of every epoch per rank, and only rank 0 writes.  A run folder is held by one training at a
+time: rank 0 holds its ``train.lock`` for the run's life (another training into the folder
+fails at once, naming the holder), and removes the checkpoint files a killed writer left.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from zarrfeed.errors import ConfigError
+from zarrfeed.errors import ConfigError, ZarrfeedError
+from zarrfeed.processes import Held, Hold, hold, process_alive
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
@@ -45,6 +48,7 @@ from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.report import EventLog, loss_curve_png
 from zarrfeed.training.tasks import PerClass, Task, make_task
 
+LOCK = "train.lock"  # in the run folder: held by the training that writes it
 VERSION_BYTES = 64  # a dataset version id, as ranks agree on it
 
 Progress = Callable[[int, int], None]  # (steps done, steps in all), once per step
@@ -141,6 +145,23 @@ class TrainingStopped(Exception):
     def __init__(self, message: str, signum: int, step: int) -> None:
         super().__init__(message)
         self.signum, self.step = signum, step
+
+
+class RunFolderHeld(ZarrfeedError):
+    """Another training holds the run folder this one would write."""
+
+
+def removed_leftovers(run: Path) -> list[Path]:
+    """Remove the checkpoint files ``last.<pid>.tmp`` in ``run`` whose writer, a process of
+    this machine, is dead (a ``kill -9`` during a checkpoint write leaves one); those of live
+    writers are kept.  What was removed."""
+    removed = []
+    for tmp in run.glob("last.*.tmp"):
+        pid = tmp.name.split(".")[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 class StopSignals:
@@ -278,6 +299,7 @@ class Trainer:
         self._fingerprint: dict[str, Any] = {}
         self._order: dict[str, Any] | None = None  # the epoch order, as checkpoints record it
         self._per_class: PerClass = {}
+        self._hold: Hold | None = None  # the run folder's lock (rank 0's)
 
     def log(self, line: str) -> None:
         if self._log and self.env.main:
@@ -382,7 +404,7 @@ class Trainer:
             "data_fingerprint": self._fingerprint,
             "sample_order": self._order,
         }
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # removed_leftovers() reads the pid
         torch.save(payload, tmp)
         os.replace(tmp, path)  # a crash never leaves half a checkpoint under the real name
 
@@ -423,6 +445,7 @@ class Trainer:
                     else f"resume is off and {path} exists"
                 )
         self.config = c.model_copy(update={"run_name": name})
+        self._hold_run_dir()
         if note:
             self.log(
                 f"[{c.task}] not resuming: {note}; it is left untouched and this run writes "
@@ -430,6 +453,30 @@ class Trainer:
                 + (" (--resume-anyway, or resume_anyway: true, continues it)" if c.resume else "")
             )
         return saved
+
+    def _hold_run_dir(self) -> None:
+        """Rank 0 holds the run folder for the run's life, then removes what killed writers
+        left there; every rank fails at once, naming the holder, when another training
+        holds it (ranks wait for rank 0's answer, so none trains alone)."""
+        run, refused = self.config.run_dir, None
+        if self.env.main:
+            try:
+                self._hold = hold(run / LOCK, f"training {self.config.task}")
+            except Held as exc:
+                refused = exc
+            else:
+                for leftover in removed_leftovers(run):
+                    self.log(f"[{self.config.task}] removed {leftover}: its writer is dead")
+        if self.env.world > 1:
+            flag = torch.tensor([int(refused is not None)], device=self.device)
+            dist.broadcast(flag, src=0)
+            if flag.item() and refused is None:
+                raise RunFolderHeld(f"{run} is held by another training (rank 0 says who)")
+        if refused is not None:
+            raise RunFolderHeld(
+                f"{run} is held by another training ({refused.who()}; lock {refused.path}): "
+                "wait for it to end, or give this one another out or run_name"
+            )
 
     def _order_differs(self, saved: dict[str, Any], feed: Feed) -> list[str]:
         """The feed takes up the epoch order of checkpoint ``saved``'s run (a block shuffle's
@@ -479,6 +526,8 @@ class Trainer:
         finally:
             if self._events is not None:
                 self._events.close()
+            if self._hold is not None:
+                self._hold.release()
             if owned:
                 dist.destroy_process_group()
 

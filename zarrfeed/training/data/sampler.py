@@ -32,6 +32,14 @@ from torch.utils.data import Sampler
 log = logging.getLogger("zarrfeed.training")
 
 
+def padded(order: np.ndarray, world: int) -> np.ndarray:
+    """``order`` repeated from its start up to a multiple of ``world``, as ``DistributedSampler``
+    pads (the first samples again, the whole order as often as needed): every rank gets the
+    same count even when the world is more than twice the dataset, or DDP waits forever."""
+    total = math.ceil(len(order) / world) * world
+    return np.resize(order, total) if len(order) else order
+
+
 class ResumableSampler(Sampler[int]):
     """``DistributedSampler``'s order — a permutation seeded by (seed, epoch), padded so every
     rank gets the same count, one shard per rank — that can start mid-epoch (``start``)."""
@@ -48,10 +56,8 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.size, generator=g)
-        total = self.per_rank * self.world
-        order = torch.cat([order, order[: total - self.size]]) if total > self.size else order
-        return iter(order[self.rank : total : self.world][self.start :].tolist())
+        order = padded(torch.randperm(self.size, generator=g).numpy(), self.world)
+        return iter(order[self.rank :: self.world][self.start :].tolist())
 
     def __len__(self) -> int:
         return self.per_rank - self.start
@@ -109,9 +115,8 @@ class BlockSampler(Sampler[int]):
         position = np.empty(self.parts, np.int64)
         position[rng.permutation(self.parts)] = np.arange(self.parts)
         by_partition = np.argsort(position[self.items], kind="stable")
+        by_partition = padded(by_partition, self.world)
         total = self.per_rank * self.world
-        if total > self.size:  # pad like DistributedSampler: the first samples again
-            by_partition = np.concatenate([by_partition, by_partition[: total - self.size]])
         noise = rng.random(total)
         lo, hi = self.rank * self.per_rank, (self.rank + 1) * self.per_rank
         mine, noise = by_partition[lo:hi], noise[lo:hi]
