@@ -29,6 +29,7 @@ from dagsterdev import start_dagster_dev, wait_for
 from PIL import Image
 from test_cli import zarrfeed
 
+from zarrfeed.commands.sample_data import DEMO_SCANS
 from zarrfeed.samples import make_inspection
 
 # The session's demo build (~3 min on 2 cores) counts against the first test that uses it.
@@ -40,6 +41,7 @@ FAULTS = {  # key -> the file its one-line failure names
     "twin_scan": "twin scan.nii.gz",
 }
 SOURCES = ["ct-sources_dicom_patient_1_CT", "scaled_1", "volume_1"]
+GOOD_SCANS = DEMO_SCANS + len(SOURCES)  # the sample data's scans and the other sources
 SUPERSEDED = re.compile(r"(Deprecation|Supersession)Warning")  # what the documented commands avoid
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(os.environ.get("ZARRFEED_SCREENSHOTS", Path(__file__).parents[1] / "screenshots"))
@@ -112,7 +114,7 @@ def test_dg_launch_materialises_a_partition_and_unchanged_data_retrains_nothing(
     launch(env, tmp, "--assets", "ct_sparse", "--partition", "train_1_a_1")
     launch(env, tmp, "--job", "ct_build", "--partition", "train_1_a_1")  # the README's
     with instance_at(env["DAGSTER_HOME"]) as instance:
-        for asset, n in (("ct_windows", 7), ("spike_voxels", 2), ("image_patches", 2)):
+        for asset, n in (("ct_windows", GOOD_SCANS), ("spike_voxels", 2), ("image_patches", 2)):
             assert len(instance.get_materialized_partitions(dg.AssetKey(asset))) == n
         new = instance.get_runs(limit=3)
         assert len(instance.get_runs()) == runs + 3 and all(r.is_success for r in new)
@@ -135,7 +137,8 @@ def test_inspect_and_status_read_the_demo(demo, tmp_path):
     out = zarrfeed("inspect", env=env)  # piped: plain text
     assert out.returncode == 0 and "\x1b[" not in out.stdout
     assert any(
-        ln.split()[:3] == ["ct_windows", "ct/windows", "7"] for ln in out.stdout.splitlines()
+        ln.split()[:3] == ["ct_windows", "ct/windows", str(GOOD_SCANS)]
+        for ln in out.stdout.splitlines()
     )
     tty = subprocess.run(  # in a terminal: a rich table
         ["script", "-qec", f"{BIN / 'zarrfeed'} inspect", "/dev/null"],
@@ -294,7 +297,7 @@ def test_a_check_reports_each_scan_on_its_own(ui):
     page.get_by_text("Partitions", exact=True).last.click()  # the check's own partitions
     passed = page.get_by_text(re.compile(r"^Passed \(\d+\)$")).first
     passed.wait_for()
-    assert int(re.search(r"\d+", passed.inner_text()).group()) >= 7  # the demo's good scans
+    assert int(re.search(r"\d+", passed.inner_text()).group()) >= GOOD_SCANS
     page.get_by_text(KEY, exact=True).first.click()  # one scan: its own result and metadata
     page.get_by_text("out_of_range", exact=True).first.wait_for()
     page.screenshot(path=SHOTS / "5_check_per_partition.png")
