@@ -383,9 +383,9 @@ class LiveBytes(TorchFunctionMode):
         return out
 
 
-def measured_scratch(p: Pipeline, b: dict) -> int:
+def measured_scratch(p: Pipeline, b: dict, epoch: int) -> int:
     with LiveBytes([v for v in b.values() if isinstance(v, torch.Tensor)]) as mode:
-        out = p.apply(b, 0, 0, range(len(b["image"])))
+        out = p.apply(b, 0, epoch, range(len(b["image"])))
     del out
     return mode.peak
 
@@ -427,10 +427,10 @@ def test_scratch_bytes_covers_what_a_call_allocates(case):
         b = {"image": (b["image"] * 255).to(torch.uint8), "mask": b["mask"].long()}
     estimate = p.scratch_bytes({k: v.shape for k, v in b.items()},
                                {k: v.dtype for k, v in b.items()})  # fmt: skip
-    measured = measured_scratch(p, b)
-    image_bytes = b["image"].numel() * 4
-    assert measured > image_bytes / 4  # the count sees the intermediates
-    assert measured <= estimate <= 1.1 * measured + (16 << 10), (case, measured, estimate)
+    # different epochs fire different operations (where p < 1): the estimate covers each
+    measured = [measured_scratch(p, b, epoch) for epoch in range(3)]
+    assert min(measured) > b["image"].numel()  # the count sees the intermediates
+    assert max(measured) <= estimate <= 1.1 * max(measured) + (16 << 10), (case, measured, estimate)
 
 
 @pytest.mark.gpu

@@ -66,9 +66,11 @@ def uniforms(key: int, indices: torch.Tensor, count: int) -> torch.Tensor:
 
 def normals(keys: torch.Tensor, count: int) -> torch.Tensor:
     """(N, count) float32 standard normals, ``count`` per sample key, on the keys' device
-    (the inverse normal CDF of a 24-bit uniform; tails to about 5.3 sigma)."""
-    h = torch.arange(count, dtype=torch.int64, device=keys.device)[None] ^ keys[:, None]
-    mix32(mix32(h))
+    (the inverse normal CDF of a 24-bit uniform; tails to about 5.3 sigma). The counters
+    are mixed once for all samples, then with each sample's key: one hash per voxel."""
+    counters = mix32(torch.arange(count, dtype=torch.int64, device=keys.device))  # shared
+    h = mix32(counters[None] ^ keys[:, None])
+    del counters
     h >>= 8
     u = h.to(torch.float32).add_(0.5).mul_(2.0**-24)
     del h

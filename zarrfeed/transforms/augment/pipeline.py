@@ -9,7 +9,6 @@ on the host, within float tolerance.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from zarrfeed.transforms.augment import intensity, spatial
+from zarrfeed.transforms.augment import intensity, scratch, spatial
 from zarrfeed.transforms.augment.params import (
     AFFINE,
     BLUR,
@@ -42,7 +41,6 @@ from zarrfeed.transforms.augment.params import (
 Role = Literal["image", "target", "mask"]
 ROLES = ("image", "target", "mask")
 PADDINGS = ("zeros", "border", "reflection")
-PARAMETER_BYTES = 512  # per sample: matrices, kernels, keys and their copies on the device
 
 
 @dataclass(frozen=True)
@@ -193,99 +191,10 @@ class Pipeline:
                 x = intensity.add_noise(x, put(std), put(keys))
         return x
 
-    def _on(self, name: str) -> bool:
-        op = getattr(self, name)
-        return op is not None and op.p > 0
-
     def scratch_bytes(
         self, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, torch.dtype]
     ) -> int:
         """Peak bytes :meth:`apply` allocates on the batch's device beyond its inputs
-        (intermediates and outputs), for batches of these shapes and dtypes per declared key,
-        with every operation whose ``p`` > 0 firing: what a device memory budget must leave
-        free. Counted by construction, step by step as :meth:`apply` allocates and frees."""
-        first = tuple(shapes[next(iter(self.keys))])
-        live, peak = 0, PARAMETER_BYTES * first[0]  # the per-sample parameters, a few each
-
-        def alloc(nbytes: float) -> None:
-            nonlocal live, peak
-            live += int(nbytes)
-            peak = max(peak, live + PARAMETER_BYTES * first[0])
-
-        def free(nbytes: float) -> None:
-            nonlocal live
-            live -= int(nbytes)
-
-        space = first[2:]
-        d, voxels = len(space), first[0] * math.prod(space)
-        numel = {k: math.prod(shapes[k]) for k in self.keys}
-        size = {k: torch.empty(0, dtype=dtypes[k]).element_size() for k in self.keys}
-        general = self._on("affine") or self._on("elastic")
-        held: dict[str, int] = {}  # the spatial stage's outputs, alive until apply returns
-        if general:
-            alloc(voxels * d * 4)  # the grid
-            if self._on("elastic"):
-                alloc(voxels * d * 4)
-                free(voxels * d * 4)
-            for k, role in self.keys.items():
-                wide = dtypes[k] in (torch.int32, torch.int64)
-                work = torch.float64 if role == "mask" and wide else torch.float32
-                wsize = 8 if work == torch.float64 else 4
-                cast = numel[k] * wsize if dtypes[k] != work else 0
-                grid64 = voxels * d * 8 if work == torch.float64 else 0  # its float64 copy
-                alloc(cast)
-                alloc(grid64)
-                alloc(numel[k] * wsize)
-                free(cast + grid64)
-                held[k] = numel[k] * wsize
-                if role == "mask" and dtypes[k] != work:
-                    alloc(numel[k] * size[k])
-                    free(numel[k] * wsize)
-                    held[k] = numel[k] * size[k]
-            free(voxels * d * 4)
-        elif self._on("flip") or self._on("rot90"):
-            alloc(voxels * 8)  # the gather index
-            for k in self.keys:
-                held[k] = numel[k] * size[k]
-                alloc(held[k])
-            free(voxels * 8)
-        for k, role in self.keys.items():
-            v4, floating = numel[k] * 4, dtypes[k].is_floating_point
-            warped = general and k in held  # float32 from the grid
-            if role == "target":  # only the final cast
-                if warped and floating and dtypes[k] != torch.float32:
-                    alloc(numel[k] * size[k])
-                elif not warped and not floating:
-                    alloc(v4)
-            elif role == "image":
-                owned, current = warped or (k in held and dtypes[k] == torch.float32), 0
-                if dtypes[k] != torch.float32 and not warped:
-                    alloc(v4)  # the float32 working copy
-                    current, owned = v4, True
-                if self._on("blur"):
-                    for axis, n in enumerate(space):
-                        padded = v4 / n * (n + 2 * self.blur.radius)
-                        alloc(padded)
-                        if axis > 0:
-                            free(v4)
-                        alloc(v4)
-                        free(padded)
-                    free(current)
-                    current, owned = v4, True
-                if self._on("intensity") and not owned:
-                    alloc(v4)  # the clone changed in place
-                    current, owned = v4, True
-                if self._on("gamma"):
-                    alloc(2 * v4)
-                    free(v4 + current)
-                    current, owned = v4, True
-                if self._on("noise"):
-                    if not owned:
-                        alloc(v4)
-                        current = v4
-                    alloc(numel[k] * 16)  # the hashed counters and one shifted copy
-                    free(numel[k] * 16)
-                if floating and dtypes[k] != torch.float32:
-                    alloc(numel[k] * size[k])
-                free(current)
-        return peak
+        (intermediates and outputs) for batches of these shapes and dtypes per declared
+        key: what a device memory budget must leave free (see :mod:`.scratch`)."""
+        return scratch.scratch_bytes(self, shapes, dtypes)
