@@ -314,18 +314,6 @@ def _axes_within(axes: tuple[int, ...], ndim: int, what: str) -> None:
         raise ValueError(f"{what}: axes {axes} must be distinct spatial axes of a {ndim}-D batch")
 
 
-OPS: dict[str, Any] = {
-    "flip": Flip,
-    "rot90": Rot90,
-    "affine": Affine,
-    "elastic": Elastic,
-    "intensity": Intensity,
-    "gamma": Gamma,
-    "noise": Noise,
-    "blur": Blur,
-}
-
-
 def host_indices(indices: Any) -> torch.Tensor:
     """The batch's sample indices as a host int64 tensor (a device tensor is copied)."""
     if isinstance(indices, torch.Tensor):
