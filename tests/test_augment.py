@@ -289,6 +289,28 @@ def test_integer_images_come_back_float32_and_targets_get_no_intensity():
     assert torch.equal(out["image"], b["image"].float() + 1)
 
 
+def test_spike_clips_move_in_their_last_two_axes_alike():
+    g = torch.Generator().manual_seed(2)
+    clip = {
+        "blur": torch.randint(0, 256, (4, 3, 3, 16, 16), generator=g, dtype=torch.uint8),
+        "voxels": torch.randint(0, 9, (4, 3, 5, 16, 16), generator=g, dtype=torch.uint8),
+    }
+    clip["sharp"] = clip["blur"].clone()
+    spike = Augment({"recipe": "spike"})
+    assert spike.pipeline.spatial_dims == 2 and spike.config.keys["voxels"] == "target"
+    out = spike.apply(clip, 0, 0, range(4))
+    assert_same_batch(out, one_at_a_time(spike.pipeline, clip, 0, 0, list(range(4))))
+    for k in clip:
+        assert out[k].shape == clip[k].shape and out[k].dtype == torch.float32
+    assert torch.equal(out["sharp"], out["blur"])  # target and input moved alike
+    flip = Pipeline(keys={"voxels": "target"}, flip=Flip(p=1.0, axes=(1,)), spatial_dims=2)
+    assert torch.equal(flip.apply(clip, 0, 0, range(4))["voxels"], clip["voxels"].flip(4).float())
+    estimate = spike.scratch_bytes({k: v.shape for k, v in clip.items()},
+                                   {k: v.dtype for k, v in clip.items()})  # fmt: skip
+    measured = measured_scratch(spike.pipeline, clip, 0)
+    assert measured <= estimate <= 1.1 * measured + (16 << 10)
+
+
 def test_bad_batches_are_refused_with_what_was_expected():
     p = Pipeline(keys=KEYS, rot90=Rot90(p=0.5, axes=(0, 1)))
     b = batch(2)
@@ -385,7 +407,7 @@ class LiveBytes(TorchFunctionMode):
 
 def measured_scratch(p: Pipeline, b: dict, epoch: int) -> int:
     with LiveBytes([v for v in b.values() if isinstance(v, torch.Tensor)]) as mode:
-        out = p.apply(b, 0, epoch, range(len(b["image"])))
+        out = p.apply(b, 0, epoch, range(len(next(iter(b.values())))))
     del out
     return mode.peak
 

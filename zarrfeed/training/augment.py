@@ -6,7 +6,7 @@ recipe's (an operation the recipe lacks starts from its own defaults), ``null`` 
 
     data:
       augment:
-        recipe: ct            # ct | image | none
+        recipe: ct            # ct | image | spike | none
         noise: {p: 0.2, std: [0.0, 0.05]}
         elastic: {p: 0.1, magnitude: 3.0}
         gamma: null
@@ -61,6 +61,15 @@ RECIPES: dict[str, dict[str, Any]] = {
         "noise": Noise(p=0.2, std=(0.0, 0.03)),
         "blur": Blur(p=0.2, sigma=(0.5, 1.0)),
     },
+    # Spike clips: blur and sharp frames (N, L, 3, H, W), voxels (N, L, bins, H, W), all
+    # moved alike in their last two axes; no intensity operation (the sharp frames are the
+    # blurred ones' target, the voxels spike counts).
+    "spike": {
+        "keys": {"blur": "target", "sharp": "target", "voxels": "target"},
+        "spatial_dims": 2,
+        "flip": Flip(p=0.5, axes=(0, 1)),
+        "rot90": Rot90(p=0.5, axes=(0, 1)),
+    },
     "none": {"keys": {"image": "image"}},
 }
 
@@ -70,7 +79,7 @@ class AugmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    recipe: Literal["ct", "image", "none"] = Field(
+    recipe: Literal["ct", "image", "spike", "none"] = Field(
         "ct", description="the defaults every operation not given here takes"
     )
     keys: dict[str, Role] = Field(
@@ -88,6 +97,11 @@ class AugmentConfig(BaseModel):
     blur: Blur | None = None
     padding: Literal["zeros", "border", "reflection"] = Field(
         "border", description="what images are resampled with outside the field of view"
+    )
+    spatial_dims: Literal[2, 3] | None = Field(
+        None,
+        description="trailing spatial axes (axes between the batch axis and them are "
+        "channels); default: every axis after (N, C)",
     )
 
     @model_validator(mode="before")
@@ -110,6 +124,7 @@ class AugmentConfig(BaseModel):
         return Pipeline(
             keys=dict(self.keys),
             padding=self.padding,
+            spatial_dims=self.spatial_dims,
             **{name: getattr(self, name) for name in OPERATIONS},
         )
 

@@ -48,9 +48,13 @@ class Pipeline:
     """Which batch keys play which role, and the operations (None: off).
 
     Roles: ``image`` (resampled linearly, then the intensity operations), ``target``
-    (resampled linearly only: a regression target such as a sharp frame), ``mask``
-    (masks and label maps: nearest voxel, zero outside, dtype kept). Image and target keys
-    come back in their floating dtype (float32 for integer inputs); computation is float32.
+    (resampled linearly only: a regression target such as a sharp frame, or an input no
+    intensity operation fits), ``mask`` (masks and label maps: nearest voxel, zero
+    outside, dtype kept). Image and target keys come back in their floating dtype (float32
+    for integer inputs); computation is float32.
+
+    ``spatial_dims``: how many trailing dimensions are spatial; the ones between N and
+    them are channels (a clip (N, L, C, H, W) with 2). Default: every one after N, C.
     """
 
     keys: Mapping[str, Role] = field(default_factory=lambda: {"image": "image"})
@@ -63,6 +67,7 @@ class Pipeline:
     noise: Noise | None = None
     blur: Blur | None = None
     padding: Literal["zeros", "border", "reflection"] = "border"
+    spatial_dims: Literal[2, 3] | None = None
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -72,6 +77,8 @@ class Pipeline:
             raise ValueError(f"augment: roles must be one of {ROLES}, got {bad}")
         if self.padding not in PADDINGS:
             raise ValueError(f"augment: padding must be one of {PADDINGS}, got {self.padding!r}")
+        if self.spatial_dims not in (None, 2, 3):
+            raise ValueError(f"augment: spatial_dims must be 2, 3 or None, got {self.spatial_dims}")
 
     def _tensors(self, batch: Mapping[str, Any], n: int) -> dict[str, torch.Tensor]:
         missing = [k for k in self.keys if k not in batch]
@@ -80,21 +87,26 @@ class Pipeline:
                 f"augment: the batch has no {missing} (it has {sorted(batch)}); "
                 f"declared keys: {dict(self.keys)}"
             )
-        tensors = {k: batch[k] for k in self.keys}
-        first = next(iter(tensors.values()))
-        for k, t in tensors.items():
-            if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5):
+        tensors: dict[str, torch.Tensor] = {}
+        first = batch[next(iter(self.keys))]
+        for k in self.keys:
+            t = batch[k]
+            d = self.spatial_dims
+            if not isinstance(t, torch.Tensor) or not (
+                t.dim() in (4, 5) if d is None else t.dim() >= d + 2
+            ):
                 what = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(
-                    f"augment: batch[{k!r}] must be a tensor (N, C, H, W) or (N, C, D, H, W), "
-                    f"got {what}"
-                )
-            if t.shape[0] != n or t.shape[2:] != first.shape[2:] or t.device != first.device:
+                want = "(N, C, H, W) or (N, C, D, H, W)" if d is None else f"(N, C, ..., {d} axes)"
+                raise ValueError(f"augment: batch[{k!r}] must be a tensor {want}, got {what}")
+            space = t.shape[2:] if d is None else t.shape[t.dim() - d :]
+            want = first.shape[2:] if d is None else first.shape[first.dim() - d :]
+            if t.shape[0] != n or space != want or t.device != first.device:
                 raise ValueError(
                     f"augment: batch[{k!r}] is {tuple(t.shape)} on {t.device}; expected "
-                    f"{n} samples of spatial shape {tuple(first.shape[2:])} on {first.device} "
+                    f"{n} samples of spatial shape {tuple(want)} on {first.device} "
                     "like the other keys and the indices"
                 )
+            tensors[k] = t.reshape(n, -1, *space)  # extra leading axes are channels
         return tensors
 
     def apply(
@@ -119,6 +131,8 @@ class Pipeline:
             x = self._intensity(t, k in moved, seed, epoch, idx, k)
             out[k] = x.to(dtype)
             del x  # before the next key's intermediates (scratch_bytes counts on it)
+        for k in self.keys:
+            out[k] = out[k].view(batch[k].shape)
         return out
 
     def _spatial(

@@ -58,7 +58,7 @@ def _peak(
     mode: str,
 ) -> int:
     first = tuple(shapes[next(iter(pipeline.keys))])
-    space = first[2:]
+    space = first[len(first) - pipeline.spatial_dims :] if pipeline.spatial_dims else first[2:]
     d, voxels = len(space), first[0] * math.prod(space)
     numel = {k: math.prod(shapes[k]) for k in pipeline.keys}
     size = {k: torch.empty(0, dtype=dtypes[k]).element_size() for k in pipeline.keys}
