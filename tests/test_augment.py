@@ -5,6 +5,8 @@ estimate covers what a call allocates."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import weakref
 from dataclasses import replace
 
@@ -28,7 +30,7 @@ from zarrfeed.transforms.augment import (
     Rot90,
     spatial,
 )
-from zarrfeed.transforms.augment.params import mix32, stream_key, uniforms
+from zarrfeed.transforms.augment.params import ROT90, mix32, rot90_matrices, stream_key, uniforms
 
 KEYS = {"image": "image", "mask": "mask"}
 SHAPES = {2: (12, 12), 3: (6, 8, 8)}
@@ -163,7 +165,7 @@ def test_a_certain_flip_is_torch_flip_and_the_mask_agrees(axes):
 
 
 def turns(p: Pipeline, indices, shape) -> list[int]:
-    m, _ = p.rot90.matrices(stream_key(0, 0, 2), torch.tensor(indices), shape)
+    m, _ = rot90_matrices(p.rot90, stream_key(0, 0, ROT90), torch.tensor(indices), shape)
     a, b = p.rot90.axes
     return [{(1, 0): 0, (0, 1): 1, (-1, 0): 2, (0, -1): 3}[(int(c), int(s))]
             for c, s in zip(m[:, a, a], m[:, a, b], strict=True)]  # fmt: skip
@@ -356,6 +358,18 @@ def test_the_training_yaml_declares_the_augmentation():
     for bad in ({"nois": {}}, {"noise": {"p": 2}}, {"flip": {"axis": [0]}}, {"recipe": "mri"}):
         with pytest.raises(ValueError):
             AugmentConfig.model_validate(bad)
+
+
+def test_reading_the_declaration_imports_no_torch():
+    """The training config (which the CLI's parser reads) can hold ``data.augment``."""
+    code = (
+        "import sys\n"
+        "from zarrfeed.training.augment import AugmentConfig\n"
+        "AugmentConfig.model_validate({'recipe': 'image', 'noise': {'p': 0.1}}).describe()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_the_default_recipes_run_batched_equal_to_per_sample():

@@ -12,19 +12,20 @@ recipe's (an operation the recipe lacks starts from its own defaults), ``null`` 
         gamma: null
 
 The operations' fields and their meaning are those of
-:mod:`zarrfeed.transforms.augment` (the engine: pure torch, any device).
+:mod:`zarrfeed.transforms.augment.ops`; the engine (pure torch, any device) is
+:mod:`zarrfeed.transforms.augment`. Reading the declaration imports no torch, so the
+training config can hold it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from zarrfeed.transforms.augment import (
+from zarrfeed.transforms.augment.ops import (
     Affine,
     Blur,
     Elastic,
@@ -32,10 +33,14 @@ from zarrfeed.transforms.augment import (
     Gamma,
     Intensity,
     Noise,
-    Pipeline,
+    Role,
     Rot90,
 )
-from zarrfeed.transforms.augment.pipeline import Role
+
+if TYPE_CHECKING:
+    import torch
+
+    from zarrfeed.transforms.augment.pipeline import Pipeline
 
 OPERATIONS = ("flip", "rot90", "affine", "elastic", "intensity", "gamma", "noise", "blur")
 
@@ -121,6 +126,9 @@ class AugmentConfig(BaseModel):
         return merged
 
     def pipeline(self) -> Pipeline:
+        """The engine for this declaration (loads torch)."""
+        from zarrfeed.transforms.augment.pipeline import Pipeline
+
         return Pipeline(
             keys=dict(self.keys),
             padding=self.padding,

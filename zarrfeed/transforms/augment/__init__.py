@@ -1,12 +1,18 @@
 """Batched, seeded augmentation of (N, C, *spatial) batches on any device: pure torch.
 
-:mod:`.params` (the operations and their counter-based per-sample parameters),
-:mod:`.spatial` (one grid or one gather per batch), :mod:`.intensity` (image-only
-operations), :mod:`.pipeline` (the pipeline over a batch dict, and its scratch memory).
-Not imported by :mod:`zarrfeed.transforms` itself, so the array transforms load without it.
+:mod:`.ops` (the operations' declarations, torch-free), :mod:`.params` (their
+counter-based per-sample parameters), :mod:`.spatial` (one grid or one gather per batch),
+:mod:`.intensity` (image-only operations), :mod:`.pipeline` (:class:`Pipeline`, over a
+batch dict), :mod:`.scratch` (the device memory a call needs). Importing the package loads
+the declarations only; :class:`Pipeline` loads torch on first use, so a training config
+names the operations without it. Not imported by :mod:`zarrfeed.transforms` itself.
 """
 
-from zarrfeed.transforms.augment.params import (
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zarrfeed.transforms.augment.ops import (
     Affine,
     Blur,
     Elastic,
@@ -14,9 +20,12 @@ from zarrfeed.transforms.augment.params import (
     Gamma,
     Intensity,
     Noise,
+    Role,
     Rot90,
 )
-from zarrfeed.transforms.augment.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from zarrfeed.transforms.augment.pipeline import Pipeline as Pipeline
 
 __all__ = [
     "Affine",
@@ -27,5 +36,14 @@ __all__ = [
     "Intensity",
     "Noise",
     "Pipeline",
+    "Role",
     "Rot90",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Pipeline":
+        from zarrfeed.transforms.augment.pipeline import Pipeline
+
+        return Pipeline
+    raise AttributeError(f"module 'zarrfeed.transforms.augment' has no attribute {name!r}")

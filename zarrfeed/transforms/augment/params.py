@@ -1,4 +1,4 @@
-"""The operations' declarations and their per-sample parameters, drawn from counters.
+"""The operations' per-sample parameters, drawn from counters.
 
 Every random number is a hash of (seed, epoch, sample index, operation, counter): no
 generator state, no dependence on which samples share a batch or on the device. A run
@@ -13,12 +13,22 @@ device once; only the per-voxel noise is hashed on the device.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
+
+from zarrfeed.transforms.augment.ops import (
+    Affine,
+    Blur,
+    Elastic,
+    Flip,
+    Gamma,
+    Intensity,
+    Noise,
+    Rot90,
+    axes_within,
+)
 
 M32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
@@ -77,18 +87,6 @@ def normals(keys: torch.Tensor, count: int) -> torch.Tensor:
     return torch.special.ndtri(u, out=u)
 
 
-def _range(value: tuple[float, float], what: str) -> tuple[float, float]:
-    lo, hi = (float(v) for v in value)
-    if not lo <= hi:
-        raise ValueError(f"{what}: the range must be (low, high) with low <= high, got {value}")
-    return lo, hi
-
-
-def _probability(p: float, what: str) -> None:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{what}: p must be in [0, 1], got {p}")
-
-
 def _between(u: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
     lo, hi = bounds
     return lo + u * (hi - lo)
@@ -98,220 +96,117 @@ def _symmetric(u: torch.Tensor, half: float) -> torch.Tensor:
     return (2 * u - 1) * half
 
 
-@dataclass(frozen=True)
-class Flip:
-    """Mirror each listed spatial axis (0 is the first after N, C) with probability ``p``."""
-
-    p: float = 0.5
-    axes: tuple[int, ...] = (0, 1, 2)
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "flip")
-
-    def matrices(self, key: int, indices: torch.Tensor, ndim: int) -> tuple[torch.Tensor, bool]:
-        """(N, ndim, ndim) diagonal ±1 matrices, and whether any sample flips."""
-        _axes_within(self.axes, ndim, "flip")
-        n = len(indices)
-        flips = uniforms(key, indices, len(self.axes)) < self.p
-        diag = torch.ones(n, ndim, dtype=torch.float64)
-        for j, axis in enumerate(self.axes):
-            diag[flips[:, j], axis] = -1.0
-        return torch.diag_embed(diag), bool(flips.any())
+def flip_matrices(
+    op: Flip, key: int, indices: torch.Tensor, ndim: int
+) -> tuple[torch.Tensor, bool]:
+    """(N, ndim, ndim) diagonal ±1 matrices, and whether any sample flips."""
+    axes_within(op.axes, ndim, "flip")
+    flips = uniforms(key, indices, len(op.axes)) < op.p
+    diag = torch.ones(len(indices), ndim, dtype=torch.float64)
+    for j, axis in enumerate(op.axes):
+        diag[flips[:, j], axis] = -1.0
+    return torch.diag_embed(diag), bool(flips.any())
 
 
-@dataclass(frozen=True)
-class Rot90:
-    """Rotate by k × 90° (k uniform in 1..3) in the plane of two spatial axes of equal
-    size, with probability ``p``; k = 1 turns as ``torch.rot90(x, 1, axes)``."""
-
-    p: float = 0.5
-    axes: tuple[int, int] = (1, 2)
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "rot90")
-        if len(self.axes) != 2 or self.axes[0] == self.axes[1]:
-            raise ValueError(f"rot90: axes must be two different spatial axes, got {self.axes}")
-
-    def matrices(
-        self, key: int, indices: torch.Tensor, shape: tuple[int, ...]
-    ) -> tuple[torch.Tensor, bool]:
-        ndim = len(shape)
-        _axes_within(self.axes, ndim, "rot90")
-        a, b = self.axes
-        if shape[a] != shape[b]:
-            raise ValueError(
-                f"rot90 in spatial axes {self.axes} needs a square plane, "
-                f"got sizes {shape[a]} and {shape[b]} (spatial shape {shape})"
-            )
-        u = uniforms(key, indices, 2)
-        turns = torch.where(u[:, 0] < self.p, 1 + (u[:, 1] * 3).long(), 0)
-        cos = torch.tensor([1.0, 0.0, -1.0, 0.0], dtype=torch.float64)[turns]
-        sin = torch.tensor([0.0, 1.0, 0.0, -1.0], dtype=torch.float64)[turns]
-        m = torch.eye(ndim, dtype=torch.float64).repeat(len(indices), 1, 1)
-        m[:, a, a], m[:, a, b], m[:, b, a], m[:, b, b] = cos, sin, -sin, cos
-        return m, bool((turns > 0).any())
+def rot90_matrices(
+    op: Rot90, key: int, indices: torch.Tensor, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, bool]:
+    """(N, d, d) quarter-turn matrices for a batch of spatial ``shape``, and whether any
+    sample turns."""
+    ndim = len(shape)
+    axes_within(op.axes, ndim, "rot90")
+    a, b = op.axes
+    if shape[a] != shape[b]:
+        raise ValueError(
+            f"rot90 in spatial axes {op.axes} needs a square plane, "
+            f"got sizes {shape[a]} and {shape[b]} (spatial shape {shape})"
+        )
+    u = uniforms(key, indices, 2)
+    turns = torch.where(u[:, 0] < op.p, 1 + (u[:, 1] * 3).long(), 0)
+    cos = torch.tensor([1.0, 0.0, -1.0, 0.0], dtype=torch.float64)[turns]
+    sin = torch.tensor([0.0, 1.0, 0.0, -1.0], dtype=torch.float64)[turns]
+    m = torch.eye(ndim, dtype=torch.float64).repeat(len(indices), 1, 1)
+    m[:, a, a], m[:, a, b], m[:, b, a], m[:, b, b] = cos, sin, -sin, cos
+    return m, bool((turns > 0).any())
 
 
-@dataclass(frozen=True)
-class Affine:
-    """With probability ``p``: rotation up to ± ``rotate`` degrees in each plane of two
-    spatial axes, an isotropic zoom in ``scale`` (> 1 magnifies), shear up to ± ``shear``
-    per axis pair, translation up to ± ``translate`` voxels per axis; all in voxel units,
-    so anisotropic patches rotate rigidly."""
-
-    p: float = 0.2
-    rotate: float = 15.0
-    scale: tuple[float, float] = (0.85, 1.15)
-    shear: float = 0.0
-    translate: float = 0.0
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "affine")
-        lo, _ = _range(self.scale, "affine scale")
-        if lo <= 0:
-            raise ValueError(f"affine scale must be > 0, got {self.scale}")
-
-    def matrices(
-        self, key: int, indices: torch.Tensor, ndim: int
-    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """(N, ndim, ndim) source-from-output matrices, (N, ndim) translations in voxels,
-        and whether any sample is transformed."""
-        planes = [(a, b) for a in range(ndim) for b in range(a + 1, ndim)]
-        n = len(indices)
-        u = uniforms(key, indices, 2 + 2 * len(planes) + ndim)
-        on = u[:, 0] < self.p
-        gate = on.to(torch.float64)
-        m = torch.eye(ndim, dtype=torch.float64).repeat(n, 1, 1)
-        for j, (a, b) in enumerate(planes):
-            angle = torch.deg2rad(_symmetric(u[:, 1 + j], self.rotate)) * gate
-            r = torch.eye(ndim, dtype=torch.float64).repeat(n, 1, 1)
-            c, s = torch.cos(angle), torch.sin(angle)
-            r[:, a, a], r[:, a, b], r[:, b, a], r[:, b, b] = c, -s, s, c
-            m = m @ r
-        shear = torch.eye(ndim, dtype=torch.float64).repeat(n, 1, 1)
-        for j, (a, b) in enumerate(planes):
-            shear[:, a, b] = _symmetric(u[:, 1 + len(planes) + j], self.shear) * gate
-        zoom = torch.where(on, _between(u[:, 1 + 2 * len(planes)], self.scale), 1.0)
-        m = m @ shear / zoom[:, None, None]
-        shift = _symmetric(u[:, 2 + 2 * len(planes) :], self.translate) * gate[:, None]
-        return m, shift, bool(on.any())
+def affine_matrices(
+    op: Affine, key: int, indices: torch.Tensor, ndim: int
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(N, ndim, ndim) source-from-output matrices, (N, ndim) translations in voxels, and
+    whether any sample is transformed."""
+    planes = [(a, b) for a in range(ndim) for b in range(a + 1, ndim)]
+    n = len(indices)
+    u = uniforms(key, indices, 2 + 2 * len(planes) + ndim)
+    on = u[:, 0] < op.p
+    gate = on.to(torch.float64)
+    m = torch.eye(ndim, dtype=torch.float64).repeat(n, 1, 1)
+    for j, (a, b) in enumerate(planes):
+        angle = torch.deg2rad(_symmetric(u[:, 1 + j], op.rotate)) * gate
+        r = torch.eye(ndim, dtype=torch.float64).repeat(n, 1, 1)
+        c, s = torch.cos(angle), torch.sin(angle)
+        r[:, a, a], r[:, a, b], r[:, b, a], r[:, b, b] = c, -s, s, c
+        m = m @ r
+    shear = torch.eye(ndim, dtype=torch.float64).repeat(n, 1, 1)
+    for j, (a, b) in enumerate(planes):
+        shear[:, a, b] = _symmetric(u[:, 1 + len(planes) + j], op.shear) * gate
+    zoom = torch.where(on, _between(u[:, 1 + 2 * len(planes)], op.scale), 1.0)
+    m = m @ shear / zoom[:, None, None]
+    shift = _symmetric(u[:, 2 + 2 * len(planes) :], op.translate) * gate[:, None]
+    return m, shift, bool(on.any())
 
 
-@dataclass(frozen=True)
-class Elastic:
-    """With probability ``p``: a smooth random displacement, up to ± ``magnitude`` voxels
-    per axis at ``grid`` control points per axis, interpolated linearly between them."""
-
-    p: float = 0.0
-    magnitude: float = 4.0
-    grid: int = 5
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "elastic")
-        if self.grid < 2:
-            raise ValueError(f"elastic grid must be >= 2 control points, got {self.grid}")
-
-    def coarse(self, key: int, indices: torch.Tensor, ndim: int) -> tuple[torch.Tensor, bool]:
-        """(N, ndim, grid, …) displacements in voxels, and whether any sample moves."""
-        count = ndim * self.grid**ndim
-        u = uniforms(key, indices, 1 + count)
-        on = u[:, 0] < self.p
-        field = _symmetric(u[:, 1:], self.magnitude) * on[:, None].to(torch.float64)
-        return field.view(len(indices), ndim, *(self.grid,) * ndim), bool(on.any())
+def elastic_field(
+    op: Elastic, key: int, indices: torch.Tensor, ndim: int
+) -> tuple[torch.Tensor, bool]:
+    """(N, ndim, grid, …) control-point displacements in voxels, and whether any sample
+    moves."""
+    u = uniforms(key, indices, 1 + ndim * op.grid**ndim)
+    on = u[:, 0] < op.p
+    field = _symmetric(u[:, 1:], op.magnitude) * on[:, None].to(torch.float64)
+    return field.view(len(indices), ndim, *(op.grid,) * ndim), bool(on.any())
 
 
-@dataclass(frozen=True)
-class Intensity:
-    """With probability ``p``: ``x * scale + shift``, both drawn per sample (image units)."""
-
-    p: float = 0.5
-    scale: tuple[float, float] = (0.9, 1.1)
-    shift: tuple[float, float] = (-0.1, 0.1)
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "intensity")
-        _range(self.scale, "intensity scale")
-        _range(self.shift, "intensity shift")
-
-    def draw(self, key: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        u = uniforms(key, indices, 3)
-        on = u[:, 0] < self.p
-        scale = torch.where(on, _between(u[:, 1], self.scale), 1.0)
-        shift = torch.where(on, _between(u[:, 2], self.shift), 0.0)
-        return scale, shift, bool(on.any())
+def intensity_draw(
+    op: Intensity, key: int, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(scale, shift) per sample (1, 0 where off), and whether any sample changes."""
+    u = uniforms(key, indices, 3)
+    on = u[:, 0] < op.p
+    scale = torch.where(on, _between(u[:, 1], op.scale), 1.0)
+    shift = torch.where(on, _between(u[:, 2], op.shift), 0.0)
+    return scale, shift, bool(on.any())
 
 
-@dataclass(frozen=True)
-class Gamma:
-    """With probability ``p``: ``((x - min) / (range + 1e-7)) ** gamma * range + min`` per
-    sample (MONAI's ``AdjustContrast``), ``gamma`` drawn from ``range``."""
-
-    p: float = 0.3
-    range: tuple[float, float] = (0.7, 1.5)
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "gamma")
-        lo, _ = _range(self.range, "gamma range")
-        if lo <= 0:
-            raise ValueError(f"gamma must be > 0, got {self.range}")
-
-    def draw(self, key: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        u = uniforms(key, indices, 2)
-        on = u[:, 0] < self.p
-        return on, torch.where(on, _between(u[:, 1], self.range), 1.0), bool(on.any())
+def gamma_draw(
+    op: Gamma, key: int, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(on, exponent) per sample, and whether any sample changes."""
+    u = uniforms(key, indices, 2)
+    on = u[:, 0] < op.p
+    return on, torch.where(on, _between(u[:, 1], op.range), 1.0), bool(on.any())
 
 
-@dataclass(frozen=True)
-class Noise:
-    """With probability ``p``: additive Gaussian noise, its std drawn from ``std``."""
-
-    p: float = 0.3
-    std: tuple[float, float] = (0.0, 0.05)
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "noise")
-        _range(self.std, "noise std")
-
-    def draw(self, key: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """(std per sample, the sample's voxel key, whether any sample gets noise)."""
-        u = uniforms(key, indices, 2)
-        on = u[:, 0] < self.p
-        std = torch.where(on, _between(u[:, 1], self.std), 0.0)
-        return std, sample_keys(key ^ GOLDEN, indices), bool(on.any())
+def noise_draw(
+    op: Noise, key: int, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(std per sample, the sample's voxel key, whether any sample gets noise)."""
+    u = uniforms(key, indices, 2)
+    on = u[:, 0] < op.p
+    std = torch.where(on, _between(u[:, 1], op.std), 0.0)
+    return std, sample_keys(key ^ GOLDEN, indices), bool(on.any())
 
 
-@dataclass(frozen=True)
-class Blur:
-    """With probability ``p``: a Gaussian blur, sigma in voxels drawn from ``sigma``,
-    truncated at 3 × the largest sigma (separable, one pass per axis)."""
-
-    p: float = 0.2
-    sigma: tuple[float, float] = (0.5, 1.0)
-
-    def __post_init__(self) -> None:
-        _probability(self.p, "blur")
-        lo, _ = _range(self.sigma, "blur sigma")
-        if lo < 0:
-            raise ValueError(f"blur sigma must be >= 0, got {self.sigma}")
-
-    @property
-    def radius(self) -> int:
-        return max(1, math.ceil(3 * self.sigma[1]))
-
-    def kernels(self, key: int, indices: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """(N, 2 radius + 1) normalised float32 kernels (a unit impulse where off)."""
-        u = uniforms(key, indices, 2)
-        on = u[:, 0] < self.p
-        sigma = torch.where(on, _between(u[:, 1], self.sigma), 0.0)[:, None]
-        x = torch.arange(-self.radius, self.radius + 1, dtype=torch.float64)[None]
-        k = torch.exp(-(x**2) / (2 * sigma.clamp_min(1e-12) ** 2))
-        k = torch.where(sigma > 0, k, (x == 0).to(torch.float64))
-        return (k / k.sum(1, keepdim=True)).to(torch.float32), bool(on.any())
-
-
-def _axes_within(axes: tuple[int, ...], ndim: int, what: str) -> None:
-    if any(not 0 <= a < ndim for a in axes) or len(set(axes)) != len(axes):
-        raise ValueError(f"{what}: axes {axes} must be distinct spatial axes of a {ndim}-D batch")
+def blur_kernels(op: Blur, key: int, indices: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(N, 2 radius + 1) normalised float32 kernels (a unit impulse where off), and whether
+    any sample is blurred."""
+    u = uniforms(key, indices, 2)
+    on = u[:, 0] < op.p
+    sigma = torch.where(on, _between(u[:, 1], op.sigma), 0.0)[:, None]
+    x = torch.arange(-op.radius, op.radius + 1, dtype=torch.float64)[None]
+    k = torch.exp(-(x**2) / (2 * sigma.clamp_min(1e-12) ** 2))
+    k = torch.where(sigma > 0, k, (x == 0).to(torch.float64))
+    return (k / k.sum(1, keepdim=True)).to(torch.float32), bool(on.any())
 
 
 def host_indices(indices: Any) -> torch.Tensor:

@@ -16,7 +16,18 @@ from typing import Any, Literal
 
 import torch
 
-from zarrfeed.transforms.augment import intensity, scratch, spatial
+from zarrfeed.transforms.augment import intensity, params, scratch, spatial
+from zarrfeed.transforms.augment.ops import (
+    Affine,
+    Blur,
+    Elastic,
+    Flip,
+    Gamma,
+    Intensity,
+    Noise,
+    Role,
+    Rot90,
+)
 from zarrfeed.transforms.augment.params import (
     AFFINE,
     BLUR,
@@ -26,19 +37,10 @@ from zarrfeed.transforms.augment.params import (
     INTENSITY,
     NOISE,
     ROT90,
-    Affine,
-    Blur,
-    Elastic,
-    Flip,
-    Gamma,
-    Intensity,
-    Noise,
-    Rot90,
     host_indices,
     stream_key,
 )
 
-Role = Literal["image", "target", "mask"]
 ROLES = ("image", "target", "mask")
 PADDINGS = ("zeros", "border", "reflection")
 
@@ -139,6 +141,10 @@ class Pipeline:
         self, tensors: dict[str, torch.Tensor], seed: int, epoch: int, idx: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """The keys moved by the spatial operations (none when no sample is moved)."""
+
+        def key(op: int) -> int:
+            return stream_key(seed, epoch, op)
+
         shape = tuple(next(iter(tensors.values())).shape[2:])
         d, n = len(shape), len(idx)
         device = next(iter(tensors.values())).device
@@ -146,18 +152,18 @@ class Pipeline:
         shift = torch.zeros(n, d, dtype=torch.float64)
         moved = general = False
         if self.flip is not None:
-            m, on = self.flip.matrices(stream_key(seed, epoch, FLIP), idx, d)
+            m, on = params.flip_matrices(self.flip, key(FLIP), idx, d)
             moved |= on
         if self.rot90 is not None:
-            r, on = self.rot90.matrices(stream_key(seed, epoch, ROT90), idx, shape)
+            r, on = params.rot90_matrices(self.rot90, key(ROT90), idx, shape)
             m, moved = m @ r, moved | on
         if self.affine is not None:
-            a, t, on = self.affine.matrices(stream_key(seed, epoch, AFFINE), idx, d)
+            a, t, on = params.affine_matrices(self.affine, key(AFFINE), idx, d)
             if on:
                 shift, m, general = (m @ t[:, :, None])[:, :, 0], m @ a, True
         coarse = None
         if self.elastic is not None:
-            coarse, on = self.elastic.coarse(stream_key(seed, epoch, ELASTIC), idx, d)
+            coarse, on = params.elastic_field(self.elastic, key(ELASTIC), idx, d)
             coarse, general = (coarse if on else None), general | on
         if general:
             grid = spatial.sampling_grid(m, shift, shape, device, coarse)
@@ -171,11 +177,11 @@ class Pipeline:
         return {}
 
     def _intensity(
-        self, x: torch.Tensor, owned: bool, seed: int, epoch: int, idx: torch.Tensor, key: str
+        self, x: torch.Tensor, owned: bool, seed: int, epoch: int, idx: torch.Tensor, name: str
     ) -> torch.Tensor:
         """The intensity operations on an image (float32 result; ``x`` itself is changed
         only when ``owned``); targets pass through."""
-        if self.keys[key] != "image":
+        if self.keys[name] != "image":
             return x
         device = x.device
         if x.dtype != torch.float32:
@@ -184,22 +190,25 @@ class Pipeline:
         def put(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=True)
 
+        def key(op: int) -> int:
+            return stream_key(seed, epoch, op)
+
         if self.blur is not None:
-            kernels, on = self.blur.kernels(stream_key(seed, epoch, BLUR), idx)
+            kernels, on = params.blur_kernels(self.blur, key(BLUR), idx)
             if on:
                 x, owned = intensity.blur(x, put(kernels)), True
         if self.intensity is not None:
-            scale, shift, on = self.intensity.draw(stream_key(seed, epoch, INTENSITY), idx)
+            scale, shift, on = params.intensity_draw(self.intensity, key(INTENSITY), idx)
             if on:
                 x = x if owned else x.clone()
                 x, owned = intensity.scale_shift(x, put(scale), put(shift)), True
         if self.gamma is not None:
-            chosen, exponent, on = self.gamma.draw(stream_key(seed, epoch, GAMMA), idx)
+            chosen, exponent, on = params.gamma_draw(self.gamma, key(GAMMA), idx)
             if on:
                 x, owned = intensity.gamma(x, put(chosen), put(exponent)), True
         if self.noise is not None:
-            name = zlib.crc32(key.encode())
-            std, keys, on = self.noise.draw(stream_key(seed, epoch, NOISE, name), idx)
+            stream = stream_key(seed, epoch, NOISE, zlib.crc32(name.encode()))
+            std, keys, on = params.noise_draw(self.noise, stream, idx)
             if on:
                 x = x if owned else x.clone()
                 x = intensity.add_noise(x, put(std), put(keys))
