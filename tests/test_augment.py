@@ -360,6 +360,24 @@ def test_the_training_yaml_declares_the_augmentation():
             AugmentConfig.model_validate(bad)
 
 
+def test_a_sample_augmented_on_its_own_is_its_row_of_the_batch():
+    """What a DataLoader worker does (one sample, no batch axis, on the host) gives the
+    batch the device path cuts, once collated."""
+    augment = Augment(AugmentConfig(recipe="image", elastic={"p": 0.5}))
+    b = batch(2, n=5, channels=3)
+    indices = [8, 3, 5, 1, 13]
+    samples = [
+        augment.apply_sample({"image": b["image"][i], "mask": b["mask"][i], "item": i}, 2, 7, j)
+        for i, j in enumerate(indices)
+    ]
+    collated = torch.utils.data.default_collate(samples)
+    assert_same_batch(
+        {k: collated[k] for k in ("image", "mask")},
+        {k: v for k, v in augment.apply(b, 2, 7, indices).items() if k != "item"},
+    )
+    assert collated["item"].tolist() == list(range(5))
+
+
 def test_reading_the_declaration_imports_no_torch():
     """The training config (which the CLI's parser reads) can hold ``data.augment``."""
     code = (

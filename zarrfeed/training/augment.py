@@ -168,6 +168,12 @@ class Augment:
         """A new batch dict with the declared keys augmented (other keys passed through)."""
         return self.pipeline.apply(batch, seed, epoch, indices)
 
+    def apply_sample(
+        self, sample: Mapping[str, Any], seed: int, epoch: int, index: int
+    ) -> dict[str, Any]:
+        """One sample without the batch axis, augmented as in any batch (the host path)."""
+        return self.pipeline.apply_sample(sample, seed, epoch, index)
+
     def scratch_bytes(
         self, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, torch.dtype]
     ) -> int:

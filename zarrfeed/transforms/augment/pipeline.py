@@ -137,6 +137,15 @@ class Pipeline:
             out[k] = out[k].view(batch[k].shape)
         return out
 
+    def apply_sample(
+        self, sample: Mapping[str, Any], seed: int, epoch: int, index: int
+    ) -> dict[str, Any]:
+        """One sample (its declared keys without the batch axis: (C, *spatial)) augmented
+        as it is in any batch: what a DataLoader worker applies on the host."""
+        one = {k: v[None] if k in self.keys else v for k, v in sample.items()}
+        out = self.apply(one, seed, epoch, [index])
+        return {k: out[k][0] if k in self.keys else out[k] for k in out}
+
     def _spatial(
         self, tensors: dict[str, torch.Tensor], seed: int, epoch: int, idx: torch.Tensor
     ) -> dict[str, torch.Tensor]:
