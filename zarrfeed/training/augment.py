@@ -1,0 +1,182 @@
+"""The augmentation a training run declares (``data.augment`` in its YAML, or Python), and
+the object that applies it to batches on their device.
+
+A recipe gives every operation's default; the fields given for an operation replace the
+recipe's (an operation the recipe lacks starts from its own defaults), ``null`` turns it off::
+
+    data:
+      augment:
+        recipe: ct            # ct | image | spike | none
+        noise: {p: 0.2, std: [0.0, 0.05]}
+        elastic: {p: 0.1, magnitude: 3.0}
+        gamma: null
+
+The operations' fields and their meaning are those of
+:mod:`zarrfeed.transforms.augment.ops`; the engine (pure torch, any device) is
+:mod:`zarrfeed.transforms.augment`. Reading the declaration imports no torch, so the
+training config can hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, is_dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zarrfeed.transforms.augment.ops import (
+    Affine,
+    Blur,
+    Elastic,
+    Flip,
+    Gamma,
+    Intensity,
+    Noise,
+    Role,
+    Rot90,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from zarrfeed.transforms.augment.pipeline import Pipeline
+
+OPERATIONS = ("flip", "rot90", "affine", "elastic", "intensity", "gamma", "noise", "blur")
+
+RECIPES: dict[str, dict[str, Any]] = {
+    # CT patches (N, 1, z, y, x), windows in [0, 1]: flips on every axis, quarter turns in
+    # the axial plane, a small affine, mild intensity changes and noise.
+    "ct": {
+        "keys": {"image": "image"},
+        "flip": Flip(p=0.5, axes=(0, 1, 2)),
+        "rot90": Rot90(p=0.5, axes=(1, 2)),
+        "affine": Affine(p=0.2, rotate=10.0, scale=(0.9, 1.1)),
+        "intensity": Intensity(p=0.5, scale=(0.9, 1.1), shift=(-0.05, 0.05)),
+        "noise": Noise(p=0.3, std=(0.0, 0.03)),
+    },
+    # Image patches (N, C, H, W) in [0, 1] with their defect mask.
+    "image": {
+        "keys": {"image": "image", "mask": "mask"},
+        "flip": Flip(p=0.5, axes=(0, 1)),
+        "rot90": Rot90(p=0.5, axes=(0, 1)),
+        "affine": Affine(p=0.3, rotate=15.0, scale=(0.9, 1.1), translate=4.0),
+        "intensity": Intensity(p=0.5, scale=(0.8, 1.2), shift=(-0.1, 0.1)),
+        "gamma": Gamma(p=0.3, range=(0.7, 1.5)),
+        "noise": Noise(p=0.2, std=(0.0, 0.03)),
+        "blur": Blur(p=0.2, sigma=(0.5, 1.0)),
+    },
+    # Spike clips: blur and sharp frames (N, L, 3, H, W), voxels (N, L, bins, H, W), all
+    # moved alike in their last two axes; no intensity operation (the sharp frames are the
+    # blurred ones' target, the voxels spike counts).
+    "spike": {
+        "keys": {"blur": "target", "sharp": "target", "voxels": "target"},
+        "spatial_dims": 2,
+        "flip": Flip(p=0.5, axes=(0, 1)),
+        "rot90": Rot90(p=0.5, axes=(0, 1)),
+    },
+    "none": {"keys": {"image": "image"}},
+}
+
+
+class AugmentConfig(BaseModel):
+    """Batched, seeded augmentation on the training device (``data.augment``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    recipe: Literal["ct", "image", "spike", "none"] = Field(
+        "ct", description="the defaults every operation not given here takes"
+    )
+    keys: dict[str, Role] = Field(
+        default_factory=dict,
+        description="batch key -> role: image (resampled, intensity operations), target "
+        "(resampled only), mask (nearest voxel, dtype kept); default: the recipe's",
+    )
+    flip: Flip | None = None
+    rot90: Rot90 | None = None
+    affine: Affine | None = None
+    elastic: Elastic | None = None
+    intensity: Intensity | None = None
+    gamma: Gamma | None = None
+    noise: Noise | None = None
+    blur: Blur | None = None
+    padding: Literal["zeros", "border", "reflection"] = Field(
+        "border", description="what images are resampled with outside the field of view"
+    )
+    spatial_dims: Literal[2, 3] | None = Field(
+        None,
+        description="trailing spatial axes (axes between the batch axis and them are "
+        "channels); default: every axis after (N, C)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        recipe = RECIPES.get(data.get("recipe", "ct"))
+        if recipe is None:
+            return data  # the recipe field's own validation names the choices
+        merged = dict(recipe)
+        for name, value in data.items():
+            base = recipe.get(name)
+            if is_dataclass(base) and isinstance(value, Mapping):
+                value = {**asdict(base), **value}  # the fields given replace the recipe's
+            merged[name] = value
+        return merged
+
+    def pipeline(self) -> Pipeline:
+        """The engine for this declaration (loads torch)."""
+        from zarrfeed.transforms.augment.pipeline import Pipeline
+
+        return Pipeline(
+            keys=dict(self.keys),
+            padding=self.padding,
+            spatial_dims=self.spatial_dims,
+            **{name: getattr(self, name) for name in OPERATIONS},
+        )
+
+    def describe(self) -> str:
+        """One line for the loader's log: the recipe and the operations on."""
+        on = [f"{n}(p={getattr(self, n).p:g})" for n in OPERATIONS if getattr(self, n)]
+        return f"augment: recipe {self.recipe}, {', '.join(on) or 'no operations'}"
+
+
+class Augment:
+    """Applies an :class:`AugmentConfig` to batch dicts on whatever device they are on.
+
+    ``apply(batch, seed, epoch, indices)`` draws each sample's parameters from (seed,
+    epoch, its dataset index) only: the same batch from the device tier or from the
+    DataLoader (one sample at a time on the host) comes out equal within float tolerance.
+    """
+
+    def __init__(self, config: AugmentConfig | Mapping[str, Any] | None = None) -> None:
+        if config is None:
+            config = AugmentConfig()
+        elif not isinstance(config, AugmentConfig):
+            config = AugmentConfig.model_validate(config)
+        self.config = config
+        self.pipeline = config.pipeline()
+
+    def apply(
+        self,
+        batch: Mapping[str, Any],
+        seed: int,
+        epoch: int,
+        indices: Sequence[int] | Any,
+    ) -> dict[str, Any]:
+        """A new batch dict with the declared keys augmented (other keys passed through)."""
+        return self.pipeline.apply(batch, seed, epoch, indices)
+
+    def apply_sample(
+        self, sample: Mapping[str, Any], seed: int, epoch: int, index: int
+    ) -> dict[str, Any]:
+        """One sample without the batch axis, augmented as in any batch (the host path)."""
+        return self.pipeline.apply_sample(sample, seed, epoch, index)
+
+    def scratch_bytes(
+        self, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, torch.dtype]
+    ) -> int:
+        """Peak device bytes one :meth:`apply` allocates beyond its inputs for batches of
+        these per-key shapes and dtypes: what a device memory budget must leave free."""
+        return self.pipeline.scratch_bytes(shapes, dtypes)
