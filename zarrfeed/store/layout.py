@@ -1,6 +1,6 @@
 """Where things live under a store's root, besides the asset groups themselves.
 
-<asset>/<key>/<version>/...                 a partition's versions (``zarrstore``)
+<asset>/<key>/<version>/...                 a partition's versions (``commits``)
 datasets/<name>/<table>/...                 a dataset's consolidated tables
 .zarrfeed/commits/<asset>/<key>.json        commit records
 .zarrfeed/changes/<asset>/                  the asset's log of commit intents (``changes``)
