@@ -29,9 +29,10 @@ import zarr
 from _bench import bench
 from torch.utils.data import DataLoader, Dataset
 
+from zarrfeed.datasets import Retention, consolidate, snapshots, write_dataset
 from zarrfeed.errors import ConfigError
 from zarrfeed.processes import usable_cpus
-from zarrfeed.store import Retention, ZarrStore, provenance
+from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
 from zarrfeed.training.data import GB
 from zarrfeed.training.data.feed import make_feed
@@ -64,8 +65,8 @@ def make_volumes(
             w.write("origins", origins.astype(np.uint16), read="rows")
             w.write("fraction", np.ones(per_volume, np.float32), read="rows")
         np.save(root / f"{key}.npy", vol)  # the usual baseline: uncompressed .npy, mmap'd
-    listed = store.write_dataset("ct", ["ct/windows", "ct/patches"])["keys"]  # sorted
-    store.consolidate("ct", "ct/patches", listed, ["origins", "fraction"], table="patches")
+    listed = write_dataset(store, "ct", ["ct/windows", "ct/patches"])["keys"]  # sorted
+    consolidate(store, "ct", "ct/patches", listed, ["origins", "fraction"], table="patches")
     return store
 
 
@@ -574,7 +575,7 @@ def init_10k(work: Path, n: int) -> None:
     # from the manifest and the table alone, which is what is measured.
     tables = {"patches": store.commit_record("datasets/ct", "patches")["version"]}
     digest = hashlib.sha256(json.dumps(manifest).encode()).hexdigest()
-    store.snapshots.publish(
+    snapshots(store).publish(
         "ct", digest, tables, Retention(), lambda head: json.dumps({**manifest, **head}).encode()
     )
     t0 = time.perf_counter()

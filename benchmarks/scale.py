@@ -41,6 +41,7 @@ import s3server  # the tests' SeaweedFS helper: started on 127.0.0.1, stopped by
 
 from zarrfeed.assets import family_assets
 from zarrfeed.components import family_defs
+from zarrfeed.datasets import Retention, collect, consolidate, write_dataset
 from zarrfeed.families.ct import CT, CTSettings
 from zarrfeed.formats import write_nifti
 from zarrfeed.jobs.discovery import discover_into
@@ -55,7 +56,6 @@ from zarrfeed.samples import METADATA_COLUMNS, ct_rate_path, make_sample_data
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.sources.raw import source_identity
 from zarrfeed.store import ZarrStore
-from zarrfeed.store.snapshots import Retention
 from zarrfeed.training import CTPatchDataset, make_loader
 from zarrfeed.training.data.shm import clear_caches
 
@@ -225,12 +225,12 @@ def timed(fn) -> tuple[float, object]:
 def manifests_nightly_dataset(store: ZarrStore, resources: dict, instance) -> None:
     keys = sorted(instance.get_dynamic_partitions("ct_scans"))
     assets = [a.path for a in CT.assets]
-    first, manifest = timed(lambda: store.write_dataset("ct", assets))
+    first, manifest = timed(lambda: write_dataset(store, "ct", assets))
     bench("scale.manifest_50k_s", first, "s",
           f"the first ct dataset manifest of a store: {len(keys)} synthetic committed "
           f"partitions x 4 assets, every commit record read once")  # fmt: skip
     changed = rebuild(store, keys, 100, 1)
-    seconds, manifest = timed(lambda: store.write_dataset("ct", assets))
+    seconds, manifest = timed(lambda: write_dataset(store, "ct", assets))
     bench("scale.manifest_50k_incremental_s", seconds, "s",
           f"the next ct dataset manifest over {len(keys)} committed partitions x 4 assets after "
           f"{changed} were rebuilt: the previous manifest's rows plus the change logs since, "
@@ -283,7 +283,7 @@ def collection(store: ZarrStore, keys: list[str]) -> None:
     for seed in range(3, 13):
         rebuild(store, keys, 100, seed)
         folders()
-        store.write_dataset("ct", assets, retention=Retention(last=10, days=0))
+        write_dataset(store, "ct", assets, retention=Retention(last=10, days=0))
     orphans = keys[::100]  # versions of writers that died before their commit
     for path in assets:
         for key in orphans:
@@ -291,7 +291,7 @@ def collection(store: ZarrStore, keys: list[str]) -> None:
             folder.mkdir(parents=True)
             (folder / "zarr.json").write_bytes(b"{}")
     stale = len(orphans) * len(assets)
-    seconds, report = timed(lambda: store.collect(older_than_s=0))
+    seconds, report = timed(lambda: collect(store, older_than_s=0))
     bench("scale.gc_50k_s", seconds, "s",
           f"collection over {len(keys)} partitions x {len(assets)} assets with "
           f"{len(report.kept)} retained dataset versions: {report.removed} objects removed (of "
@@ -477,8 +477,8 @@ def s3_epochs(work: Path, server: s3server.S3Server, quick: bool, litdata: bool 
     s3 = ZarrStore("s3://zarrfeed-bench/epochs", server.storage_options())
     assets = ["ct/windows", "ct/patches"]
     copy_store(local, s3, assets)
-    keys = s3.write_dataset("ct", assets)["keys"]  # the table's rows in the manifest's order
-    s3.consolidate("ct", "ct/patches", keys, ["origins", "fraction"], table="patches")
+    keys = write_dataset(s3, "ct", assets)["keys"]  # the table's rows in the manifest's order
+    consolidate(s3, "ct", "ct/patches", keys, ["origins", "fraction"], table="patches")
     workers = 0 if quick else 1
     s3.tier.clear()
     from_s3 = epoch_rates(s3, budget, workers, 3)

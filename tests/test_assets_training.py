@@ -9,8 +9,9 @@ from graph import base_resources
 from graph import dataset_assets as all_dataset_assets
 from graph import model_assets as all_model_assets
 
+from zarrfeed.datasets import read_manifest, write_dataset
+from zarrfeed.datasets.snapshots import is_id
 from zarrfeed.resources import ModelsResource, RawFolderResource, ZarrStoreResource
-from zarrfeed.store.snapshots import is_id
 from zarrfeed.training.tasks import TASK_TYPES
 
 dataset_assets, model_assets = all_dataset_assets(), all_model_assets()
@@ -107,11 +108,11 @@ def test_a_model_reads_the_dataset_version_dagster_records_as_its_input(trained_
     known = instance.get_latest_data_version_record(images_dataset.key)
     known = known.asset_materialization.tags["dagster/data_version"]
     store = resources["zarr_store"].store()
-    manifest = store.read_manifest("images")
+    manifest = read_manifest(store, "images")
     assert manifest["id"] == known
     paths = list(manifest["assets"])
-    moved = store.write_dataset("images", paths, {manifest["keys"][0]: ["a build under way"]})
-    assert moved["id"] != known and store.read_manifest("images")["id"] == moved["id"]
+    moved = write_dataset(store, "images", paths, {manifest["keys"][0]: ["a build under way"]})
+    assert moved["id"] != known and read_manifest(store, "images")["id"] == moved["id"]
     try:
         result = dg.materialize(
             [model],

@@ -7,9 +7,10 @@ import logging
 import numpy as np
 import pytest
 
-from zarrfeed.store import ZarrStore, zarrstore
+from zarrfeed.datasets import collect, write_dataset
+from zarrfeed.datasets.snapshots import id_digest
+from zarrfeed.store import ZarrStore, commits, garbage, jsonio, records
 from zarrfeed.store.changes import ChangeLog
-from zarrfeed.store.snapshots import id_digest
 
 ASSETS = ["ct/windows", "ct/patches"]
 
@@ -23,7 +24,7 @@ def commit(store, asset, key, value, ok=True):
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     # The next look starts where this one was (no margin), so a test needs no waiting.
-    monkeypatch.setattr(zarrstore, "MARGIN_S", 0.0)
+    monkeypatch.setattr(records, "MARGIN_S", 0.0)
     store = ZarrStore(tmp_path / "s.zarr")
     for asset in ASSETS:
         for i in range(6):
@@ -36,7 +37,7 @@ def full(store, name, assets, withheld=None):
     fresh = ZarrStore(store.url)
     fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "indexes"))
     fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "manifests"))
-    return without_positions(fresh.write_dataset(name, assets, withheld))
+    return without_positions(write_dataset(fresh, name, assets, withheld))
 
 
 def without_positions(manifest):
@@ -66,7 +67,7 @@ def counting(store, monkeypatch):
 def test_an_incremental_manifest_reads_only_what_changed_and_equals_a_full_build(
     store, monkeypatch
 ):
-    store.write_dataset("ct", ASSETS)
+    write_dataset(store, "ct", ASSETS)
     commit(store, "ct/windows", "scan_1", 10)  # rebuilt in one asset
     for asset in ASSETS:
         commit(store, asset, "scan_2", 20)  # rebuilt in both
@@ -78,7 +79,7 @@ def test_an_incremental_manifest_reads_only_what_changed_and_equals_a_full_build
         commit(store, asset, "scan_9", 90)  # new
     with monkeypatch.context() as patched:
         reads = counting(store, patched)
-        manifest = store.write_dataset("ct", ASSETS, {"scan_0": ["two raw items"]})
+        manifest = write_dataset(store, "ct", ASSETS, {"scan_0": ["two raw items"]})
     changed = ["scan_0", "scan_1", "scan_2", "scan_3", "scan_4", "scan_5", "scan_9"]
     assert reads == dict.fromkeys(ASSETS, changed)  # scan_0: withheld since the last one
     assert manifest["keys"] == ["scan_1", "scan_2", "scan_9"]
@@ -89,7 +90,7 @@ def test_an_incremental_manifest_reads_only_what_changed_and_equals_a_full_build
     assert [p["version"] for p in entries if p["key"] == "scan_1"] == [version]
     assert without_positions(manifest) == full(store, "ct", ASSETS, {"scan_0": ["two raw items"]})
     reads = counting(store, monkeypatch)
-    assert store.write_dataset("ct", ASSETS)["keys"] == ["scan_0", "scan_1", "scan_2", "scan_9"]
+    assert write_dataset(store, "ct", ASSETS)["keys"] == ["scan_0", "scan_1", "scan_2", "scan_9"]
     assert reads == {key: ["scan_0"] for key in ASSETS}  # released, nothing else changed
 
 
@@ -105,21 +106,21 @@ def test_record_summaries_follow_the_log(store, monkeypatch):
 
 
 def test_a_half_commit_is_never_listed_and_a_slow_one_is_read_once_it_lands(store, monkeypatch):
-    store.write_dataset("ct", ASSETS)
+    write_dataset(store, "ct", ASSETS)
     old = store.commit_record("ct/windows", "scan_1")
     # A writer noted its intent, then crashed (or is still writing) before the record.
-    new = zarrstore.new_version()
+    new = commits.new_version()
     store.changes("ct/windows").note("scan_1", new)
-    first = store.write_dataset("ct", ASSETS)
+    first = write_dataset(store, "ct", ASSETS)
     entry = [p for p in first["assets"]["ct/windows"]["partitions"] if p["key"] == "scan_1"]
     assert entry[0]["version"] == old["version"]
     # The record lands after that look: the pending intent is looked at again.
     store.backend.write_atomic(
-        store._record_path("ct/windows", "scan_1"),
-        zarrstore.jsonio.dumps({**old, "version": new}),
+        store.record_path("ct/windows", "scan_1"),
+        jsonio.dumps({**old, "version": new}),
     )
     reads = counting(store, monkeypatch)
-    second = store.write_dataset("ct", ASSETS)
+    second = write_dataset(store, "ct", ASSETS)
     assert reads == {key: ["scan_1"] for key in ASSETS}
     entry = [p for p in second["assets"]["ct/windows"]["partitions"] if p["key"] == "scan_1"]
     assert entry[0]["version"] == new
@@ -129,7 +130,7 @@ def test_a_half_commit_is_never_listed_and_a_slow_one_is_read_once_it_lands(stor
 def test_without_a_usable_log_the_manifest_scans_in_full_and_says_so(
     store, damage, caplog, monkeypatch
 ):
-    store.write_dataset("ct", ASSETS)
+    write_dataset(store, "ct", ASSETS)
     store.record_summaries("ct/windows")
     commit(store, "ct/windows", "scan_1", 10)
     log = ChangeLog(store.backend, "ct/windows")
@@ -138,11 +139,11 @@ def test_without_a_usable_log_the_manifest_scans_in_full_and_says_so(
     elif damage == "corrupt":
         store.backend.write_atomic(f"{log.folder}/start.json", b"{not json")
     else:  # the store's maintenance compacted the log past the manifest's position
-        monkeypatch.setattr(zarrstore, "CHANGES_KEPT_S", -3600.0)
-        store.collect_garbage()
+        monkeypatch.setattr(garbage, "CHANGES_KEPT_S", -3600.0)
+        collect(store)
         assert store.backend.list_dir(log.folder) == ["start.json"]
-    caplog.set_level(logging.WARNING, logger="zarrfeed.store.zarrstore")
-    manifest = store.write_dataset("ct", ASSETS)
+    caplog.set_level(logging.WARNING, logger="zarrfeed.store.records")
+    manifest = write_dataset(store, "ct", ASSETS)
     if damage != "compacted":  # compaction is routine: a full scan, without a warning
         assert "change log" in caplog.text and "ct/windows" in caplog.text
     assert without_positions(manifest) == full(store, "ct", ASSETS)
@@ -161,7 +162,7 @@ def test_a_key_mixing_two_builds_of_a_stage_is_left_out_and_back_once_rebuilt(
     from zarrfeed.store import provenance
     from zarrfeed.store.contract import UPSTREAM
 
-    monkeypatch.setattr(zarrstore, "MARGIN_S", 0.0)
+    monkeypatch.setattr(records, "MARGIN_S", 0.0)
     store = ZarrStore(tmp_path / "s.zarr")
     lineage, paths = (CT_HU, CT_WINDOWS), [CT_HU.path, CT_WINDOWS.path]
 
@@ -175,18 +176,18 @@ def test_a_key_mixing_two_builds_of_a_stage_is_left_out_and_back_once_rebuilt(
     for key in ("k", "other"):
         build(CT_HU, key, "hu-1")
         build(CT_WINDOWS, key, "win-1", built_from="hu-1")
-    assert store.write_dataset("ct", paths, lineage=lineage)["keys"] == ["k", "other"]
+    assert write_dataset(store, "ct", paths, lineage=lineage)["keys"] == ["k", "other"]
     build(CT_HU, "k", "hu-2")  # the scan changed; its windows failed to build again
     with monkeypatch.context() as patched:
         reads = counting(store, patched)
-        manifest = store.write_dataset("ct", paths, lineage=lineage)
+        manifest = write_dataset(store, "ct", paths, lineage=lineage)
     assert reads == {path: ["k"] for path in paths}  # incremental: only the key that changed
     assert manifest["keys"] == ["other"]
     assert manifest["failed"] == {
         "k": ["ct_windows was built from another build of ct_hu: build it again"]
     }
     build(CT_WINDOWS, "k", "win-2", built_from="hu-2")
-    assert store.write_dataset("ct", paths, lineage=lineage)["keys"] == ["k", "other"]
+    assert write_dataset(store, "ct", paths, lineage=lineage)["keys"] == ["k", "other"]
 
 
 def test_a_dataset_never_mixes_two_values_of_a_setting_its_readers_take_per_dataset(
@@ -200,7 +201,7 @@ def test_a_dataset_never_mixes_two_values_of_a_setting_its_readers_take_per_data
     from zarrfeed.families.ct import CT_HU, CT_PATCHES
     from zarrfeed.store import provenance
 
-    monkeypatch.setattr(zarrstore, "MARGIN_S", 0.0)
+    monkeypatch.setattr(records, "MARGIN_S", 0.0)
     store = ZarrStore(tmp_path / "s.zarr")
     lineage, paths = (CT_HU, CT_PATCHES), [CT_HU.path, CT_PATCHES.path]
     big, small = [64, 64, 64], [32, 32, 32]
@@ -214,10 +215,10 @@ def test_a_dataset_never_mixes_two_values_of_a_setting_its_readers_take_per_data
 
     def dataset(patch: list[int] | None) -> dict:
         settings = None if patch is None else {"patch_zyx": patch}
-        manifest = store.write_dataset("ct", paths, lineage=lineage, settings=settings)
+        manifest = write_dataset(store, "ct", paths, lineage=lineage, settings=settings)
         fresh = ZarrStore(store.url)
         fresh.backend.remove_tree(fresh.backend.join(".zarrfeed", "manifests"))
-        whole = fresh.write_dataset("ct", paths, lineage=lineage, settings=settings)
+        whole = write_dataset(fresh, "ct", paths, lineage=lineage, settings=settings)
         assert without_positions(manifest) == without_positions(whole)
         return manifest
 
@@ -240,7 +241,7 @@ def test_a_dataset_never_mixes_two_values_of_a_setting_its_readers_take_per_data
     build("b", small)
     with monkeypatch.context() as patched:
         reads = counting(store, patched)
-        manifest = store.write_dataset("ct", paths, lineage=lineage, settings={"patch_zyx": small})
+        manifest = write_dataset(store, "ct", paths, lineage=lineage, settings={"patch_zyx": small})
     assert reads == {path: ["b"] for path in paths}  # incremental: the current value is kept
     assert manifest["keys"] == ["a", "b"] and manifest["failed"] == {"c": why(big, small)}
     build("c", [16, 16, 16])  # another value again, while the kept one is the current one

@@ -107,14 +107,16 @@ def test_store_calls_name_tables_and_arrays_through_their_declaration():
     found = []
     for path, tree in sources():
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            if not isinstance(node, ast.Call):
                 continue
-            if node.func.attr not in STORE_CALLS:
+            # A store method (store.read_array(…)) or a dataset function (consolidate(store, …)).
+            called = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if called not in STORE_CALLS:
                 continue
             for arg in [*node.args, *(k.value for k in node.keywords)]:
                 literal = isinstance(arg, ast.Constant) and arg.value in names
                 if literal and names[arg.value] != path:
-                    found.append(f"{where(path, arg)}: {node.func.attr}(… {arg.value!r} …)")
+                    found.append(f"{where(path, arg)}: {called}(… {arg.value!r} …)")
     assert not found, "tables or arrays named by a literal:\n" + "\n".join(found)
 
 

@@ -6,6 +6,7 @@ import pytest
 from graph import build, discover, failure, materialize
 
 from zarrfeed.assets.datasets import dataset_asset
+from zarrfeed.datasets import read_manifest
 from zarrfeed.families.ct import CT
 from zarrfeed.samples import make_ct_faults, make_ct_sources
 
@@ -48,5 +49,5 @@ def test_every_ct_source_feeds_one_graph_and_bad_items_fail_alone(dagster_env):
         build(resources, instance, "ct", "twin_scan", raise_on_error=False)
     )  # both files named
     assert materialize([dataset_asset(CT)], instance, resources=resources).success
-    manifest = store.read_manifest("ct")
+    manifest = read_manifest(store, "ct")
     assert set(GOOD) <= set(manifest["keys"]) and not set(BAD) & set(manifest["keys"])

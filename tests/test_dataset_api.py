@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from zarrfeed.datasets import collect, consolidate, write_dataset
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import (
@@ -183,8 +184,8 @@ def phantom(root: Path, shape=(32, 64, 64), patch=(8, 16, 16), grid=16) -> ZarrS
         attrs = provenance("test", None, "1", patch_shape=list(patch))
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
-    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"])
-    store.consolidate("ct", "ct/patches", keys, ["origins"], table="patches")
+    write_dataset(store, "ct", ["ct/windows", "ct/sparse", "ct/patches"])
+    consolidate(store, "ct", "ct/patches", keys, ["origins"], table="patches")
     return store
 
 
@@ -243,7 +244,7 @@ def test_foreground_patches_read_the_occupancy_the_manifest_lists(tmp_path):
     params = {"sparse_grid": 16, "sparse_threshold": 0.5}
     with store.write_partition("ct/sparse", "a", provenance("test", None, "1", params)) as w:
         w.write("lung", np.zeros((1, 3), np.uint16), read="rows")
-    store.collect_garbage(older_than_s=0)  # the dataset version still names the old cells
+    collect(store, older_than_s=0)  # the dataset version still names the old cells
     fresh = CTPatchDataset(store, cache_gb=0.05, patch_sampler="foreground")
     np.testing.assert_array_equal(fresh.patch_origins(np.arange(len(ds))), before)
     np.testing.assert_array_equal(ds.patch_origins(np.arange(len(ds))), before)
@@ -257,14 +258,14 @@ def test_a_patch_table_of_another_build_than_the_manifest_is_refused(tmp_path):
     attrs = provenance("test", None, "1", patch_shape=[8, 16, 16])
     with store.write_partition("ct/patches", "a", attrs) as w:  # rebuilt: other origins
         w.write("origins", np.zeros((16, 3), np.uint16), read="rows")
-    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"])  # not its table yet
+    write_dataset(store, "ct", ["ct/windows", "ct/sparse", "ct/patches"])  # not its table yet
     with pytest.raises(StoreError, match="written for another build of the ct dataset"):
         CTPatchDataset(store, cache_gb=0.05)
-    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"], {"b": ["in doubt"]})
+    write_dataset(store, "ct", ["ct/windows", "ct/sparse", "ct/patches"], {"b": ["in doubt"]})
     with pytest.raises(StoreError, match="written for another build of the ct dataset"):
         CTPatchDataset(store, cache_gb=0.05)  # the manifest lost a key
-    store.write_dataset("ct", ["ct/windows", "ct/sparse", "ct/patches"])
-    store.consolidate("ct", "ct/patches", ["a", "b"], ["origins"], table="patches")
+    write_dataset(store, "ct", ["ct/windows", "ct/sparse", "ct/patches"])
+    consolidate(store, "ct", "ct/patches", ["a", "b"], ["origins"], table="patches")
     ds = CTPatchDataset(store, cache_gb=0.05)
     assert (ds.origins[:16] == 0).all() and len(ds) == 32
 

@@ -30,6 +30,7 @@ from PIL import Image
 from test_cli import zarrfeed
 
 from zarrfeed.commands.sample_data import DEMO_SCANS
+from zarrfeed.datasets import read_manifest
 from zarrfeed.samples import make_inspection
 
 # The session's demo build (~3 min on 2 cores) counts against the first test that uses it.
@@ -84,7 +85,7 @@ def test_demo_summary_tells_each_failure_in_one_line(demo):
     assert f"DAGSTER_HOME={env['DAGSTER_HOME']} " in command and " dev -w " in command
     from zarrfeed.store import ZarrStore
 
-    keys = ZarrStore(env["ZARRFEED_STORE"]).read_manifest("ct")["keys"]
+    keys = read_manifest(ZarrStore(env["ZARRFEED_STORE"]), "ct")["keys"]
     assert set(SOURCES) <= set(keys) and not set(FAULTS) & set(keys)
     with instance_at(env["DAGSTER_HOME"]) as instance:
         model = instance.get_latest_materialization_event(dg.AssetKey("defect_segmentation_model"))

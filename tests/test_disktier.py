@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import s3server
 
+from zarrfeed.datasets import build_manifest
 from zarrfeed.store import ZarrStore
 from zarrfeed.store import disktier as tiers
 from zarrfeed.store.disktier import DiskTier
@@ -208,7 +209,7 @@ def test_a_rebuilt_partition_is_never_served_from_the_tier(weed, tier_env):
 def test_a_second_epoch_reads_nothing_from_the_bucket(weed, tier_env, monkeypatch):
     store = s3_store(weed)
     data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
-    partitions = store.build_manifest(ASSET)["partitions"]
+    partitions = build_manifest(store, ASSET)["partitions"]
     # Out of core: an arena of 16 chunks for 32 stored ones, so every epoch decodes again.
     cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
     assert cache.arena is not None and not cache.in_ram
@@ -245,7 +246,7 @@ def test_a_read_ahead_fetches_only_what_the_tier_lacks_and_the_decode_then_gets_
 def test_reading_a_block_ahead_fills_the_tier_not_the_arena(weed, tier_env, monkeypatch):
     store = s3_store(weed)
     data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
-    partitions = store.build_manifest(ASSET)["partitions"]
+    partitions = build_manifest(store, ASSET)["partitions"]
     cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
     assert cache.arena is not None  # out of core: units are the stored chunks
     try:
@@ -310,7 +311,7 @@ def out_of_core(weed) -> tuple[CachedArrays, np.ndarray, dict[str, np.ndarray]]:
     units of scan 1 (what a block sampler reads ahead); each scan's data."""
     store = s3_store(weed)
     data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
-    partitions = store.build_manifest(ASSET)["partitions"]
+    partitions = build_manifest(store, ASSET)["partitions"]
     cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
     return cache, cache.units.whole_units(ASSET, ["lung"], np.array([1])), data
 

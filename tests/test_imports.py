@@ -98,6 +98,25 @@ def test_the_scan_sees_the_imports():
     assert "zarrfeed.assets.build" in graph["zarrfeed.assets.family"]
 
 
+def test_the_store_is_only_storage_and_datasets_sit_above_it():
+    """The store knows nothing of datasets (manifests, versions, retention, leases);
+    datasets use the store, and training and the Dagster layer use datasets, never the
+    other way round."""
+    graph = imports()
+
+    def under(prefix: str) -> dict[str, set[str]]:
+        return {m: ts for m, ts in graph.items() if m == prefix or m.startswith(f"{prefix}.")}
+
+    users = ("training", "assets", "resources", "jobs", "components", "definitions", "commands")
+    users = tuple(f"zarrfeed.{m}" for m in users)
+    above = ("zarrfeed.datasets", *users)
+    for module, targets in under("zarrfeed.store").items():
+        assert not [t for t in targets if t.startswith(above)], module
+    for module, targets in under("zarrfeed.datasets").items():
+        assert not [t for t in targets if t.startswith(users)], module
+    assert "zarrfeed.store.records" in graph["zarrfeed.datasets.plan"]  # the scan sees them
+
+
 def test_no_import_cycles():
     assert cycles(imports()) == []
 

@@ -12,7 +12,7 @@ def imported_after(stmt: str) -> set[str]:
 
 def test_inner_layers_do_not_import_dagster():
     assert "dagster" not in imported_after(
-        "import zarrfeed.transforms, zarrfeed.store, zarrfeed.formats"
+        "import zarrfeed.transforms, zarrfeed.store, zarrfeed.formats, zarrfeed.datasets"
     )
 
 

@@ -17,6 +17,7 @@ from mri_family import MRI, MRI_MASK, MRI_VOLUME
 from torch.utils.data import DataLoader
 
 from zarrfeed.components import FamilyComponent
+from zarrfeed.datasets import read_manifest
 from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
 
 GOOD, EMPTY = ["a", "b", "c"], "empty"
@@ -82,7 +83,7 @@ def test_a_family_declared_in_one_file_is_discovered_built_checked_listed_read_a
 
         # Listed in its dataset manifest: the complete keys that passed every check.
         assert defs.resolve_job_def(MRI.dataset_job).execute_in_process(instance=instance).success
-        manifest = store.read_manifest(MRI.name)
+        manifest = read_manifest(store, MRI.name)
         assert manifest["keys"] == GOOD
         assert manifest["failed"] == {EMPTY: [f"{MRI_MASK.path}:has_tissue"]}
 

@@ -28,10 +28,11 @@ from test_store import (  # noqa: F401
     write,
 )
 
+from zarrfeed.datasets import build_manifest, collect, read_manifest
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ObjectBackend, ZarrStore
 from zarrfeed.store.backends import redact
-from zarrfeed.store.zarrstore import summarise
+from zarrfeed.store.records import summarise
 
 BUCKET = "zarrfeed-test"
 
@@ -75,7 +76,7 @@ def test_wrong_credentials_fail_naming_the_object_but_not_the_secret(weed):
 def test_manifests_reread_only_changed_records(store):
     for key, value in (("scan_1", 0.5), ("scan_2", 0.25)):
         write(store, key, value)
-    first = store.build_manifest("ct/windows")
+    first = build_manifest(store, "ct/windows")
     reads = []
     original = ObjectBackend.read_many
 
@@ -85,7 +86,7 @@ def test_manifests_reread_only_changed_records(store):
 
     ObjectBackend.read_many = counting
     try:
-        assert store.build_manifest("ct/windows") == first  # nothing changed: no record read
+        assert build_manifest(store, "ct/windows") == first  # nothing changed: no record read
         assert reads == []
         write(store, "scan_2", 0.75)
         summaries = store.record_summaries("ct/windows")
@@ -211,7 +212,7 @@ def test_concurrent_writers_of_one_partition_end_with_one_complete_version(store
         assert p.exitcode == 0
     lung = values_of(store, "scan_1")
     assert len(lung) == 1 and lung[0] in values
-    store.collect_garbage(older_than_s=0)
+    collect(store, older_than_s=0)
     assert versions(store, "scan_1") == [store.commit_record("ct/windows", "scan_1")["version"]]
     assert store.list_partitions("ct/windows") == ["other_0", "other_1", "scan_1"]
     for i in range(2):
@@ -254,7 +255,7 @@ def test_a_passing_fault_is_retried(faulty, method, path, fault):
     write(store, "scan_1", 0.25)
     assert values_of(store, "scan_1") == [0.25]
     assert faulty.clear_faults()["served"] == 2
-    store.collect(older_than_s=0)  # the replaced version, which nothing retains
+    collect(store, older_than_s=0)  # the replaced version, which nothing retains
     assert versions(store, "scan_1") == [store.commit_record("ct/windows", "scan_1")["version"]]
 
 
@@ -346,12 +347,12 @@ def test_the_ct_graph_builds_into_a_bucket_and_trains_from_it(s3_env, weed):
     assert store.commit_record("ct/windows", CT_KEYS[0])["version"] != version
     current = store.commit_record("ct/windows", CT_KEYS[0])["version"]
     assert versions(store, CT_KEYS[0], "ct/windows") == sorted([version, current])
-    store.collect(older_than_s=0)  # no dataset version names the replaced one
+    collect(store, older_than_s=0)  # no dataset version names the replaced one
     assert versions(store, CT_KEYS[0], "ct/windows") == [current]  # and no copy was made
 
     ct_dataset = dg.materialize([dataset_asset(CT)], resources=resources, instance=instance)
     assert all(checks(ct_dataset).values())
-    manifest = store.read_manifest("ct")
+    manifest = read_manifest(store, "ct")
     assert manifest["keys"] == CT_KEYS[:2] and manifest["incomplete"] == []
     assert manifest["store"] == store.url
 

@@ -14,7 +14,7 @@ from zarrfeed.formats import discover
 from zarrfeed.jobs import queue
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import LocalBackend, ZarrStore
-from zarrfeed.store.zarrstore import summarise
+from zarrfeed.store.records import summarise
 
 KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 

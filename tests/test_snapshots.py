@@ -16,10 +16,19 @@ import pytest
 import s3server
 from torch.utils.data import DataLoader
 
+from zarrfeed.datasets import (
+    Retention,
+    collect,
+    consolidate,
+    manifest_url,
+    plan_dataset,
+    publish_dataset,
+    read_manifest,
+    snapshots,
+)
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.layout import meta
-from zarrfeed.store.snapshots import Retention
 from zarrfeed.training import CTPatchDataset
 from zarrfeed.transforms.sparse import occupancy_coords
 
@@ -49,10 +58,12 @@ def build(store: ZarrStore, seed: int, retention: Retention | None = None) -> di
 
 def publish(store: ZarrStore, retention: Retention | None = None) -> dict:
     """The next dataset version with its patch table, as the dataset asset writes it."""
-    plan = store.plan_dataset("ct", ASSETS)
+    plan = plan_dataset(store, "ct", ASSETS)
     versions = plan.versions("ct/patches")
-    table = store.consolidate("ct", "ct/patches", plan.keys, ["origins"], versions, table="patches")
-    return store.publish_dataset(plan, {"patches": table}, retention)
+    table = consolidate(
+        store, "ct", "ct/patches", plan.keys, ["origins"], versions, table="patches"
+    )
+    return publish_dataset(store, plan, {"patches": table}, retention)
 
 
 def epoch(ds: CTPatchDataset, during=None) -> list[np.ndarray]:
@@ -89,18 +100,18 @@ def test_an_out_of_core_epoch_is_undisturbed_by_rebuilds_and_collection(store):
     def rebuild_everything() -> None:
         for seed in (1, 2):
             build(store, seed, Retention(last=1, days=0))
-        store.collect_garbage(older_than_s=0)
+        collect(store, older_than_s=0)
         for key in KEYS:  # and deletions
             store.delete_partition("ct/windows", key)
-        store.collect_garbage(older_than_s=0)
+        collect(store, older_than_s=0)
 
     disturbed = epoch(ds, rebuild_everything)
     assert len(disturbed) == len(undisturbed) == 12
     for got, want in zip(disturbed, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert store.read_manifest("ct")["id"] != version
+    assert read_manifest(store, "ct")["id"] != version
     ds.close()  # its lease gone, nothing retains its version any more
-    report = store.collect(older_than_s=0)
+    report = collect(store, older_than_s=0)
     assert f"ct@{version}" in report.expired
     with pytest.raises(StoreError, match=f"no version {version}.*past retention"):
         CTPatchDataset(store, dataset_version=version)
@@ -115,11 +126,11 @@ def test_a_superseded_version_reopens_bit_for_bit_until_past_retention(tmp_path)
     again = build(store, 0, Retention(last=2, days=0))  # the same values, new partition versions
     assert again["id"] != first["id"]
     assert build(store, 1, Retention(last=2, days=0))["id"] != again["id"]
-    store.collect_garbage(older_than_s=0)
+    collect(store, older_than_s=0)
     with pytest.raises(StoreError, match=f"no version {first['id']}.*the last 2 versions"):
         CTPatchDataset(store, dataset_version=first["id"])
     old = CTPatchDataset(store, cache_gb=0.05, dataset_version=again["id"])
-    assert old.dataset_version == again["id"] != store.read_manifest("ct")["id"]
+    assert old.dataset_version == again["id"] != read_manifest(store, "ct")["id"]
     assert len(old) == len(want)
     reread = [old[i]["image"].numpy() for i in range(len(old))]
     for got, expected in zip(reread, want, strict=True):
@@ -130,7 +141,7 @@ def test_an_unchanged_build_keeps_its_version_id(tmp_path):
     store = ZarrStore(tmp_path / "s.zarr")
     manifest = build(store, 0)
     assert publish(store)["id"] == manifest["id"]
-    assert store.snapshots.ids("ct") == [manifest["id"]]
+    assert snapshots(store).ids("ct") == [manifest["id"]]
 
 
 def test_a_build_with_the_same_data_and_another_report_keeps_the_id_and_tells_the_truth(
@@ -147,9 +158,9 @@ def test_a_build_with_the_same_data_and_another_report_keeps_the_id_and_tells_th
     store.delete_partition("ct/windows", "half")
     again = publish(store)
     assert again["id"] == manifest["id"] and again["incomplete"] == []
-    assert store.read_manifest("ct")["incomplete"] == []
-    assert store.read_manifest("ct", manifest["id"])["incomplete"] == []
-    assert store.snapshots.ids("ct") == [manifest["id"]]
+    assert read_manifest(store, "ct")["incomplete"] == []
+    assert read_manifest(store, "ct", manifest["id"])["incomplete"] == []
+    assert snapshots(store).ids("ct") == [manifest["id"]]
 
 
 READER = """
@@ -169,16 +180,16 @@ def test_a_killed_readers_lease_lapses_and_the_next_collection_frees_its_version
                               text=True)  # fmt: skip
     try:
         version = reader.stdout.readline().strip()
-        assert version == store.read_manifest("ct")["id"]
+        assert version == read_manifest(store, "ct")["id"]
         old = {k: store.commit_record("ct/windows", k)["version"] for k in KEYS}
         build(store, 1, Retention(last=1, days=0))
-        report = store.collect(older_than_s=0)
+        report = collect(store, older_than_s=0)
         assert report.leases == 1 and report.kept[f"ct@{version}"] == "read by a live reader"
         for key, v in old.items():  # every version it reads is kept
             assert store.backend.exists(f"{store.path('ct/windows', key)}/{v}/zarr.json")
         os.kill(reader.pid, signal.SIGKILL)
         reader.wait(10)
-        report = store.collect(older_than_s=0)
+        report = collect(store, older_than_s=0)
         assert report.leases == 0 and f"ct@{version}" in report.expired
         for key, v in old.items():
             assert not store.backend.exists(f"{store.path('ct/windows', key)}/{v}/zarr.json")
@@ -188,14 +199,14 @@ def test_a_killed_readers_lease_lapses_and_the_next_collection_frees_its_version
 
 
 def test_a_lease_of_another_machine_holds_until_it_is_not_renewed(tmp_path, monkeypatch):
-    from zarrfeed.store import leases
+    from zarrfeed.datasets import leases
 
     store = ZarrStore(tmp_path / "s.zarr")
     build(store, 0, Retention(last=1, days=0))
     ds = CTPatchDataset(store, cache_gb=0.05)
     monkeypatch.setattr(leases, "machine", lambda: "elsewhere")  # as another host sees it
     build(store, 1, Retention(last=1, days=0))
-    assert store.collect(older_than_s=0).kept[f"ct@{ds.dataset_version}"].startswith("read by")
+    assert collect(store, older_than_s=0).kept[f"ct@{ds.dataset_version}"].startswith("read by")
     later = time.time() + leases.TTL_S + 1
     assert len(leases.live(store.backend, later)) == 0  # not renewed for TTL_S: lapsed
     ds.close()
@@ -210,4 +221,4 @@ def test_a_model_of_a_version_names_it(tmp_path):
     ds = CTPatchDataset(store, cache_gb=0.05)
     build(store, 1)
     assert data_fingerprint(ds)["dataset_version"] == manifest["id"]
-    assert Path(store.manifest_url("ct", manifest["id"])).exists()
+    assert Path(manifest_url(store, "ct", manifest["id"])).exists()

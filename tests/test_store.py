@@ -11,19 +11,21 @@ import numpy as np
 import pytest
 import zarr
 
+from zarrfeed.datasets import build_manifest, collect, consolidate, read_manifest, write_dataset
 from zarrfeed.errors import InvalidKeyError, StoreError
 from zarrfeed.store import (
     ChunkedArray,
     LocalBackend,
     ZarrStore,
+    arrays,
     chunks_for,
+    commits,
     compressors_for,
     provenance,
     sanitise_key,
-    zarrstore,
 )
 from zarrfeed.store.chunkio import ZEROED_BYTES, BloscLayout, write_from
-from zarrfeed.store.zarrstore import version_time
+from zarrfeed.store.commits import version_time
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -55,8 +57,8 @@ def test_round_trip_provenance_and_manifest(store):
     group = store.open_partition("ct/windows", "scan_2")
     assert group.attrs["source_sha256"] == "ab" * 32 and group.attrs["params"] == {"w": "lung"}
     np.testing.assert_array_equal(store.open_array("ct/windows", "scan_2", "lung")[:], 0.25)
-    manifest = store.build_manifest("ct/windows", split="train")
-    assert store.write_dataset("ct", ["ct/windows"]) == store.read_manifest("ct")
+    manifest = build_manifest(store, "ct/windows", split="train")
+    assert write_dataset(store, "ct", ["ct/windows"]) == read_manifest(store, "ct")
     assert manifest["total_partitions"] == 2 and manifest["split"] == "train"
     assert manifest["arrays"]["lung"] == {
         "dtypes": ["float16"],
@@ -78,7 +80,7 @@ def test_non_finite_attrs_survive_the_fast_json_path(store):
         w.write("lung", np.zeros((4, 4, 4), dtype=np.float16))
     assert np.isnan(store.commit_record("ct/windows", "scan_1")["attrs"]["hu_min"])
     assert store.commit_records("ct/windows", ["scan_1"])["scan_1"]["key"] == "scan_1"
-    assert store.build_manifest("ct/windows")["total_partitions"] == 1
+    assert build_manifest(store, "ct/windows")["total_partitions"] == 1
 
 
 def test_failed_write_leaves_nothing_and_keeps_the_committed_version(store):
@@ -114,7 +116,7 @@ def test_force_rewrite_replaces_arrays_and_attrs(store):
     assert record["arrays"]["lung"]["shape"] == [5, 5, 5]
     # The replaced version stays until a collection finds that nothing retains it.
     assert record["version"] in versions(store, "scan_1") and len(versions(store, "scan_1")) == 2
-    store.collect_garbage(older_than_s=0)
+    collect(store, older_than_s=0)
     assert versions(store, "scan_1") == [record["version"]]
 
 
@@ -124,7 +126,7 @@ def test_a_reader_pinned_to_a_replaced_version_fails_loudly(store):
     pinned = store.chunked("ct/windows", "scan_1", "lung", old)
     write(store, "scan_1", 0.25)
     assert old in versions(store, "scan_1")  # kept until collected
-    store.collect_garbage(older_than_s=0)  # no dataset version or lease names it
+    collect(store, older_than_s=0)  # no dataset version or lease names it
     with pytest.raises(StoreError, match="removed while being read"):
         pinned.read()  # its chunks are gone: never silently the fill value
     with pytest.raises(StoreError, match="collected"):
@@ -140,12 +142,12 @@ def test_a_partition_read_while_it_is_rebuilt_fails_loudly_and_never_mixes_build
 
     real = store.read_array
 
-    def read_racing(rebuild: int, collect: bool) -> tuple[dict, dict]:
+    def read_racing(rebuild: int, collecting: bool) -> tuple[dict, dict]:
         def racing(asset, key, name, version=None):
             if name == "origins":  # a rebuild commits between the partition's two arrays
                 build(rebuild)
-                if collect:  # … and a collection with no grace removes the version being read
-                    store.collect_garbage(older_than_s=0)
+                if collecting:  # … and a collection with no grace removes the version being read
+                    collect(store, older_than_s=0)
             return real(asset, key, name, version)
 
         store.read_array = racing
@@ -156,9 +158,9 @@ def test_a_partition_read_while_it_is_rebuilt_fails_loudly_and_never_mixes_build
 
     build(1)
     with pytest.raises(StoreError, match=r"is gone from .* rebuilt or deleted since"):
-        read_racing(2, collect=True)
+        read_racing(2, collecting=True)
     # Not collected, the version being read stays whole: one build, never two.
-    arrays, attrs = read_racing(3, collect=False)
+    arrays, attrs = read_racing(3, collecting=False)
     assert attrs["build"] == 2 and (arrays["offsets"] == 2).all() and (arrays["origins"] == 2).all()
     arrays, attrs = store.read_partition("ct/table", "all", ["offsets", "origins"])
     assert attrs["build"] == 3 and (arrays["offsets"] == 3).all() and (arrays["origins"] == 3).all()
@@ -166,15 +168,15 @@ def test_a_partition_read_while_it_is_rebuilt_fails_loudly_and_never_mixes_build
 
 def test_a_damaged_commit_record_or_manifest_is_named(store):
     write(store, "scan_1", 0.5)
-    store.write_dataset("ct", ["ct/windows"])
-    record = store._record_path("ct/windows", "scan_1")
-    manifest = store._meta("manifests", "ct.json")
+    write_dataset(store, "ct", ["ct/windows"])
+    record = store.record_path("ct/windows", "scan_1")
+    manifest = store.meta_path("manifests", "ct.json")
     for path in (record, manifest):
         store.backend.write_atomic(path, b'{"version": "v1", "arr')  # cut short
     for read in (
         lambda: store.commit_record("ct/windows", "scan_1"),
         lambda: store.commit_records("ct/windows", ["scan_1"]),
-        lambda: store.read_manifest("ct"),
+        lambda: read_manifest(store, "ct"),
     ):
         with pytest.raises(StoreError, match=r"not a readable JSON document.*damaged"):
             read()
@@ -192,7 +194,7 @@ def test_a_version_made_durable_too_late_is_not_committed_and_the_old_one_stays(
         real(folder)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(zarrstore, "VERSION_GRACE_S", zarrstore.MARGIN_S + 1.0)
+        mp.setattr(commits, "VERSION_GRACE_S", commits.MARGIN_S + 1.0)
         mp.setattr(store.backend, "persist", slow)
         with pytest.raises(StoreError, match="too close to the"):
             write(store, "scan_1", 0.25)
@@ -221,8 +223,8 @@ def test_a_crashed_writer_leaves_no_partition(tmp_path):
     assert store.list_partitions("ct/windows") == ["scan_1"]
     assert not store.has_partition("ct/windows", "scan_2")
     assert len(versions(store, "scan_2")) == 1  # the debris is named by no record …
-    assert store.collect_garbage() == 0  # … and kept while a writer could still be at work
-    assert store.collect_garbage(older_than_s=0) == 1  # … then collected
+    assert collect(store).removed == 0  # … and kept while a writer could still be at work
+    assert collect(store, older_than_s=0).removed == 1  # … then collected
     assert versions(store, "scan_2") == [] and len(versions(store, "scan_1")) == 1
 
 
@@ -375,7 +377,7 @@ def old_or_new_whole(reader, where) -> bool:
     coords = reader.read_array("ct/windows", "scan_1", "coords")
     assert len(value) == 1 and value[0] in (0.5, 0.25, 0.75), (where, value)
     np.testing.assert_array_equal(coords.ravel(), np.arange(300))
-    reader.collect_garbage(older_than_s=0)
+    collect(reader, older_than_s=0)
     record = reader.commit_record("ct/windows", "scan_1")
     assert versions(reader, "scan_1") == [record["version"]], where
     return float(value[0]) != 0.5
@@ -426,7 +428,7 @@ def test_an_array_opens_from_its_commit_record_and_a_disagreeing_one_is_refused(
     write(store, "scan_1", 0.5)
     record = store.commit_record("ct/windows", "scan_1")
     on_disk = store.open_array("ct/windows", "scan_1", "lung")
-    recorded = store._recorded_array(record, "ct/windows", "scan_1", "lung")
+    recorded = arrays.recorded_array(store, record, "ct/windows", "scan_1", "lung")
     assert recorded is not None and recorded.metadata == on_disk.metadata
     # The read takes the array's metadata from the record: its zarr.json is never read.
     monkeypatch.setattr(store, "open_array", lambda *a, **k: pytest.fail("zarr.json read"))
@@ -515,17 +517,17 @@ def test_consolidation_reads_only_what_changed_and_equals_a_fresh_one(store, mon
 
     monkeypatch.setattr(store, "read_array", counted)
 
-    def consolidate():
-        return store.consolidate("ct", "ct/patches", ["a", "b", "c"], ["origins"], table="patches")
+    def tables():
+        return consolidate(store, "ct", "ct/patches", ["a", "b", "c"], ["origins"], table="patches")
 
-    assert consolidate()["rows"] == 12
+    assert tables()["rows"] == 12
     assert sorted(reads) == ["ct/patches/a", "ct/patches/b", "ct/patches/c"]
     reads.clear()
-    assert consolidate()["rows"] == 12
+    assert tables()["rows"] == 12
     assert reads == []  # nothing changed: nothing read, nothing written
     rows("b", 900)  # a rebuilt partition
     reads.clear()
-    consolidate()
+    tables()
     assert [r for r in reads if r.startswith("ct/")] == ["ct/patches/b"]
     table = real("datasets/ct", "patches", "origins")
     fresh = np.concatenate([real("ct/patches", k, "origins") for k in ["a", "b", "c"]])

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from zarrfeed.datasets import Retention, collect, consolidate, write_dataset
 from zarrfeed.errors import ConfigError, StoreError
-from zarrfeed.store import Retention, ZarrStore, provenance
-from zarrfeed.store import zarrstore as zarrstore_module
+from zarrfeed.store import ZarrStore, commits, provenance
 from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
 from zarrfeed.training.data import arena as arena_module
 from zarrfeed.training.data import locks
@@ -50,8 +50,8 @@ def build_ct(
         attrs = provenance("test", None, "1", patch_shape=[PATCH] * 3)
         with store.write_partition("ct/patches", key, attrs) as w:
             w.write("origins", origins.astype(np.uint16), read="rows")
-    listed = store.write_dataset("ct", ["ct/windows", "ct/patches"])["keys"]  # sorted
-    store.consolidate("ct", "ct/patches", listed, ["origins"], table="patches")
+    listed = write_dataset(store, "ct", ["ct/windows", "ct/patches"])["keys"]  # sorted
+    consolidate(store, "ct", "ct/patches", listed, ["origins"], table="patches")
     return store
 
 
@@ -117,25 +117,25 @@ def test_rebuilt_partition_is_read_anew_while_an_open_reader_keeps_its_version(t
     old = CTPatchDataset(store, cache_gb=unit_budget_gb(16))
     with store.write_partition("ct/windows", "vol_0", provenance("test", None, "2")) as w:
         w.write("lung", values((64, 64, 64), 0, offset=50))
-    store.write_dataset("ct", ["ct/windows", "ct/patches"], retention=Retention(last=1, days=0))
+    write_dataset(store, "ct", ["ct/windows", "ct/patches"], retention=Retention(last=1, days=0))
     for gb in (1.0, unit_budget_gb(16)):
         ds = CTPatchDataset(store, cache_gb=gb)
         ds.preload()
         np.testing.assert_array_equal(ds[0]["image"][0].numpy(), expected(ds, 0, offset=50))
         ds.close()
-    store.collect(older_than_s=0)  # the old reader's lease keeps its version
+    collect(store, older_than_s=0)  # the old reader's lease keeps its version
     old.cache.clear()
     np.testing.assert_array_equal(old[0]["image"][0].numpy(), expected(old, 0))
     version = old.dataset_version
     old.close()
-    store.collect(older_than_s=0)
+    collect(store, older_than_s=0)
     with pytest.raises(StoreError, match=rf"{version}.*(collected|gone|removed)"):
         CTPatchDataset(store, cache_gb=unit_budget_gb(16), dataset_version=version)
 
 
 def test_two_stores_with_one_relative_name_never_share_entries(tmp_path, monkeypatch):
-    fixed = zarrstore_module.new_version()  # the same versions too: only the location differs
-    monkeypatch.setattr(zarrstore_module, "new_version", lambda now=None: fixed)
+    fixed = commits.new_version()  # the same versions too: only the location differs
+    monkeypatch.setattr(commits, "new_version", lambda now=None: fixed)
     for offset, folder in ((0, "a"), (40, "b")):
         (tmp_path / folder).mkdir()
         monkeypatch.chdir(tmp_path / folder)

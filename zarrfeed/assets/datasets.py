@@ -1,7 +1,7 @@
 """One dataset manifest per family (unpartitioned): the complete, checked samples training
 consumes, with the tables the family declares.
 
-A manifest's data version is its dataset version's id (:mod:`zarrfeed.store.snapshots`),
+A manifest's data version is its dataset version's id (:mod:`zarrfeed.datasets.snapshots`),
 which carries a digest of its keys, the version of each of their partitions and its tables,
 so it changes exactly when what training would read does; manifests refresh, and models
 retrain, only on a changed data version (:data:`zarrfeed.assets.conditions.ON_NEW_DATA`),
@@ -19,6 +19,7 @@ import dagster as dg
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.metadata import mib, table
+from zarrfeed.datasets import consolidate, manifest_url, plan_dataset, publish_dataset
 from zarrfeed.families import Family
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
 from zarrfeed.sources.catalog import RawCatalog, RawItem
@@ -93,10 +94,11 @@ def dataset_asset(family: Family, settings: Mapping[str, Any] | None = None) -> 
         store = zarr_store.store()
         paths = [a.path for a in family.assets]
         held = withheld(store, zarr_store.catalog(family.name), family)
-        plan = store.plan_dataset(family.name, paths, held, family.assets, values)
+        plan = plan_dataset(store, family.name, paths, held, family.assets, values)
         keys = plan.keys
         consolidated: dict[str, Any] = {
-            t.name: store.consolidate(
+            t.name: consolidate(
+                store,
                 family.name,
                 t.asset.path,
                 keys,
@@ -109,7 +111,7 @@ def dataset_asset(family: Family, settings: Mapping[str, Any] | None = None) -> 
         }
         for extra in family.extras if keys else ():
             consolidated[extra.name] = extra.write(store, raw.root, keys, family.dataset_path)
-        manifest = store.publish_dataset(plan, consolidated, zarr_store.retention())
+        manifest = publish_dataset(store, plan, consolidated, zarr_store.retention())
         mixed = {
             f"{a}/{n}": arr["dtypes"]
             for a, m in manifest["assets"].items()
@@ -128,7 +130,7 @@ def dataset_asset(family: Family, settings: Mapping[str, Any] | None = None) -> 
         return dg.MaterializeResult(
             data_version=dg.DataVersion(manifest["id"]),
             metadata={
-                "dagster/uri": dg.MetadataValue.path(store.manifest_url(family.name)),
+                "dagster/uri": dg.MetadataValue.path(manifest_url(store, family.name)),
                 "dataset_version": manifest["id"],
                 "dagster/row_count": len(keys),
                 "left_out": table(["key", "why"], [[k, ", ".join(v)] for k, v in left_out.items()])

@@ -21,8 +21,8 @@ from pydantic.fields import FieldInfo
 from zarrfeed.assets.build import OWNERS
 from zarrfeed.assets.conditions import ON_NEW_DATA
 from zarrfeed.assets.torchrun import TorchrunResource
+from zarrfeed.datasets.snapshots import is_id
 from zarrfeed.resources import ModelsResource, ZarrStoreResource
-from zarrfeed.store.snapshots import is_id
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.tasks import LEARNED, LEARNED_DOC, TASK_TYPES, model_asset_name
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from zarrfeed.commands.options import existing_store, reader_options
 from zarrfeed.commands.output import human_bytes, print_json, print_table
+from zarrfeed.datasets import dataset_versions, snapshots
 
 
 def add_parser(sub: Any) -> None:
@@ -43,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     from zarrfeed.commands.instance import home_of, open_instance
 
     store = existing_store(args.store)
-    names = [args.name] if args.name else store.snapshots.datasets()
+    names = [args.name] if args.name else snapshots(store).datasets()
     home = home_of(args.dagster_home)
     instance = open_instance(home) if home else None
     try:
@@ -51,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if instance is not None:
             instance.dispose()
-    found = {name: store.dataset_versions(name) for name in names}
+    found = {name: dataset_versions(store, name) for name in names}
     if args.json:
         print_json({n: [{**v, "models": models.get(v["id"], [])} for v in vs]
                     for n, vs in found.items()})  # fmt: skip

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zarrfeed.commands.options import existing_store, family_named, reader_options
+from zarrfeed.datasets import read_manifest
 from zarrfeed.errors import ConfigError, StoreError
 from zarrfeed.families import Family
 
@@ -58,7 +59,7 @@ def plan(spec: Family, key: str, store: Any, catalog: Any, instance: Any | None)
     if instance is not None:
         removal.in_instance = instance.has_dynamic_partition(spec.partitions, key)
     with contextlib.suppress(StoreError):  # no manifest yet
-        removal.in_dataset = key in store.read_manifest(spec.name)["keys"]
+        removal.in_dataset = key in read_manifest(store, spec.name)["keys"]
     if not removal.lines():
         known = instance.get_dynamic_partitions(spec.partitions) if instance else []
         close = difflib.get_close_matches(key, [*known, *catalog.index()], n=3)

@@ -16,6 +16,7 @@ from typing import Any
 
 from zarrfeed.commands.options import existing_store, families, reader_options
 from zarrfeed.commands.output import human_bytes, print_json, print_table
+from zarrfeed.datasets import dataset_versions
 from zarrfeed.errors import root_cause
 from zarrfeed.families import Family
 from zarrfeed.store.contract import failed_checks
@@ -189,7 +190,7 @@ def main(args: argparse.Namespace) -> int:
                 family, store, resource.catalog(family.name), component.values(), keys, states
             )
             counts = {"family": family.name, "partitions": total}
-            versions = store.dataset_versions(family.name)
+            versions = dataset_versions(store, family.name)
             counts["dataset_versions"] = len(versions)
             counts["retained_bytes"] = sum(v["retained_bytes"] for v in versions)
             for e in found:

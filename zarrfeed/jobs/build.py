@@ -3,6 +3,7 @@ store."""
 
 import dagster as dg
 
+from zarrfeed.datasets import collect
 from zarrfeed.families import Family
 from zarrfeed.resources import ZarrStoreResource
 
@@ -59,7 +60,7 @@ train = dg.define_asset_job(
     "version or live reader names, dataset versions past retention, dead writers' leftovers."
 )
 def collect_garbage(context: dg.OpExecutionContext, zarr_store: ZarrStoreResource) -> None:
-    context.log.info(zarr_store.store().collect().describe())
+    context.log.info(collect(zarr_store.store()).describe())
 
 
 @dg.job(

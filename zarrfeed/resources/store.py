@@ -8,9 +8,10 @@ import dagster as dg
 from pydantic import Field
 
 from zarrfeed import defaults
+from zarrfeed.datasets import Retention
 from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
-from zarrfeed.store import Retention, ZarrStore
+from zarrfeed.store import ZarrStore
 
 
 class ZarrStoreResource(dg.ConfigurableResource):

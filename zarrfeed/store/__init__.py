@@ -1,12 +1,13 @@
-"""The Zarr data contract: layout, codecs, atomic partition commits, manifests, keys."""
+"""The Zarr data contract: layout, codecs, atomic partition commits, keys; storage only
+(datasets over it are :mod:`zarrfeed.datasets`)."""
 
 from zarrfeed.store.backends import Backend, LocalBackend, ObjectBackend, open_backend
 from zarrfeed.store.chunkio import ChunkedArray
 from zarrfeed.store.codecs import chunks_for, compressors_for
+from zarrfeed.store.commits import PartitionWriter
 from zarrfeed.store.keys import check_asset, check_key, sanitise_key
 from zarrfeed.store.provenance import file_sha256, provenance
-from zarrfeed.store.snapshots import Retention
-from zarrfeed.store.zarrstore import PartitionWriter, ZarrStore
+from zarrfeed.store.zarrstore import ZarrStore
 
 __all__ = [
     "Backend",
@@ -14,7 +15,6 @@ __all__ = [
     "LocalBackend",
     "ObjectBackend",
     "PartitionWriter",
-    "Retention",
     "ZarrStore",
     "check_asset",
     "check_key",

@@ -1,14 +1,14 @@
 """Where things live under a store's root, besides the asset groups themselves.
 
-<asset>/<key>/<version>/...                 a partition's versions (``zarrstore``)
+<asset>/<key>/<version>/...                 a partition's versions (``commits``)
 datasets/<name>/<table>/...                 a dataset's consolidated tables
 .zarrfeed/commits/<asset>/<key>.json        commit records
 .zarrfeed/changes/<asset>/                  the asset's log of commit intents (``changes``)
-.zarrfeed/indexes/<asset>.json              commit-record summaries
+.zarrfeed/indexes/<asset>.json              commit-record summaries (``records``)
 .zarrfeed/manifests/<name>.json             a dataset's pointer: its current version and retention
-.zarrfeed/snapshots/<name>/<id>.json        dataset versions: immutable manifests (``snapshots``)
-.zarrfeed/leases/<lease>.json               live readers of a dataset version (``leases``)
-.zarrfeed/manifests/<name>.rows             the same as rows, for the next manifest (``rows``)
+.zarrfeed/snapshots/<name>/<id>.json        dataset versions: immutable manifests (datasets)
+.zarrfeed/leases/<lease>.json               live readers of a dataset version (datasets)
+.zarrfeed/manifests/<name>.rows             the same as rows, for the next manifest (datasets)
 .zarrfeed/catalog/<family>/                 the raw-item catalog, and the build queue
 """
 

@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from zarrfeed.datasets import snapshots
 from zarrfeed.errors import ConfigError, ZarrfeedError
 from zarrfeed.processes import Held, Hold, hold, process_alive
 from zarrfeed.store import ZarrStore
@@ -559,7 +560,7 @@ class Trainer:
         name = self.task.family.name
         found = bytearray(VERSION_BYTES)
         if self.env.main:
-            pointer = ZarrStore(self.config.store).snapshots.pointer(name) or {}
+            pointer = snapshots(ZarrStore(self.config.store)).pointer(name) or {}
             found[: len(pointer.get("id") or "")] = (pointer.get("id") or "").encode()
         if self.env.world > 1:
             shared = torch.frombuffer(found, dtype=torch.uint8).to(self.device)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from zarrfeed.datasets import open_dataset, snapshots
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.data.reader import CachedArrays, Region
@@ -125,9 +126,9 @@ class StoreDataset(Dataset):
             f"build it with `zarrfeed demo`, or `dg launch -m zarrfeed.definitions --job "
             f"datasets_build` once the {self.dataset} partitions are built (`zarrfeed status`)"
         )
-        if dataset_version is None and self.store.snapshots.pointer(self.dataset) is None:
+        if dataset_version is None and snapshots(self.store).pointer(self.dataset) is None:
             raise StoreError(f"{self.url} has no {self.dataset}_dataset manifest yet: {build}")
-        manifest, lease = self.store.open_dataset(self.dataset, dataset_version)
+        manifest, lease = open_dataset(self.store, self.dataset, dataset_version)
         self._lease = lease
         if lease is not None:  # released when the dataset goes, at the latest
             weakref.finalize(self, lease.release)

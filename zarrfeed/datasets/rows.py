@@ -23,7 +23,7 @@ from zarrfeed.store import jsonio
 ROWS_LAYOUT = 2  # 2: the kept keys agree on every per-dataset setting
 
 
-class Rows:
+class DatasetRows:
     """The keys of a dataset with their manifest entries per asset, and the tallies."""
 
     def __init__(self, assets: list[str], header: dict[str, Any] | None = None) -> None:
@@ -39,7 +39,7 @@ class Rows:
         self.failed: dict[str, list[str]] = header.get("failed") or {}
 
     @classmethod
-    def parse(cls, data: bytes, assets: list[str], url: str) -> Rows | None:
+    def parse(cls, data: bytes, assets: list[str], url: str) -> DatasetRows | None:
         """Rows written by :meth:`dumps` for the same store and assets; None otherwise."""
         head, _, body = data.partition(b"\n")
         try:

@@ -13,9 +13,9 @@ by age, and the same digest means the same data, so a build that changes nothing
 current id (and the Dagster data version, which is the id); a build that changes only the
 snapshot's report of what it left out and why rewrites that snapshot, its data unchanged.
 The versions a retained snapshot names are never collected
-(:meth:`zarrfeed.store.ZarrStore.collect_garbage`): the last ``Retention.last`` snapshots
+(:func:`zarrfeed.datasets.collect`): the last ``Retention.last`` snapshots
 and all younger than ``Retention.days``, as Delta Lake's ``VACUUM`` keeps seven days by
-default; a reader holding a lease (:mod:`zarrfeed.store.leases`) keeps its snapshot beyond
+default; a reader holding a lease (:mod:`zarrfeed.datasets.leases`) keeps its snapshot beyond
 that.
 """
 
@@ -90,14 +90,13 @@ class Snapshots:
         return self.backend.join(*parts)
 
     def pointer(self, name: str) -> dict[str, Any] | None:
-        """Dataset ``name``'s pointer (None: never published).  A manifest written before
-        datasets had versions is returned as ``{"legacy": manifest}``."""
+        """Dataset ``name``'s pointer (None: never published)."""
         path = self._path(manifest_path(check_asset(name)))
         try:
             found = jsonio.named(path, self.backend.read(path))
         except FileNotFoundError:
             return None
-        return found if "id" in found and "keys" not in found else {"legacy": found}
+        return found
 
     def ids(self, name: str) -> list[str]:
         """Ids of every stored version of ``name``, oldest first."""
@@ -118,13 +117,6 @@ class Snapshots:
         pointer = self.pointer(name)
         if pointer is None:
             raise StoreError(f"no manifest for {name!r} in {self.url}; build it first")
-        if "legacy" in pointer:
-            if snapshot is None:
-                return {**pointer["legacy"], "id": None}
-            raise StoreError(
-                f"dataset {name!r} of {self.url} has no version {snapshot}: its manifest was "
-                "written before datasets had versions; rebuild the dataset to start them"
-            )
         wanted = snapshot or pointer["id"]
         path = self._path(snapshot_path(name, wanted))
         try:
@@ -193,8 +185,6 @@ class Snapshots:
         between writing its snapshot and moving the pointer)."""
         ids = self.ids(name)
         pointer = self.pointer(name) or {}
-        if "legacy" in pointer:
-            pointer = {}
         retention = Retention(**pointer.get("retention", {}))
         superseded = {i: t for i, t in pointer.get("history", [])}
         why: dict[str, str] = {}
