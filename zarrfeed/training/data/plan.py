@@ -24,7 +24,7 @@ from zarrfeed.errors import ConfigError
 from zarrfeed.processes import available_memory, cpu_budget
 from zarrfeed.training.data.base import collate_batch
 from zarrfeed.training.data.ct import CTPatchDataset
-from zarrfeed.training.data.device import PoolFacts, layout_pool, pool_facts
+from zarrfeed.training.data.device import PoolFacts, PoolLayout, layout_pool, pool_facts
 from zarrfeed.training.data.protocols import StoreBacked, WorkerConfigurable, WorkerSettings
 from zarrfeed.training.data.sampler import OrderPlan, choose_order
 from zarrfeed.training.data.workers import init_worker
@@ -295,7 +295,7 @@ def device_budget(machine: Machine, configured_gb: float | None) -> tuple[int, s
 
 def _plan_device(
     data: DataFacts, machine: Machine, budgets: Budgets
-) -> tuple[str, int, list[str], Any]:
+) -> tuple[str, int, list[str], PoolLayout | None]:
     """(tier, budget, reasons, slot pool layout) for ``budgets.device_cache`` ("auto": on
     CUDA only; "on": on any device; "off"; None: a plain loader, no device tier).
 
@@ -336,13 +336,15 @@ def _plan_device(
     return "slots", budget, [line], layout
 
 
-def _device_order(data: DataFacts, budgets: Budgets, tier: str, layout: Any) -> OrderPlan:
+def _device_order(
+    data: DataFacts, budgets: Budgets, tier: str, layout: PoolLayout | None
+) -> OrderPlan:
     """The epoch order when the device cuts the batches: a block shuffle sized to the
     smaller of the slot pool and the host cache when units stream through slots, else a
     shuffle of the whole dataset (or the block order asked for)."""
     cache = data.cache
     assert cache is not None
-    if tier == "slots" and budgets.order == "auto":
+    if layout is not None and budgets.order == "auto":  # units stream through slots
         pool = layout.slot_total
         host = cache.capacity_bytes or pool
         block = min(host, pool) // 2
