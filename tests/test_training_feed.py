@@ -256,6 +256,18 @@ def test_each_batch_reads_its_own_epoch_in_workers_running_ahead():
         assert batch["epoch"].tolist() == [epoch, epoch]
 
 
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_set_epoch_reaches_persistent_workers_through_the_keys(context):
+    """make_loader's workers live across epochs; the epoch set between passes travels with
+    every index they are handed, whatever starts them."""
+    probe = EpochProbe()
+    loader, plan = make_loader(probe, 2, workers=2, shuffle=False, context=context, log=None)
+    assert plan.persistent_workers and plan.context == context
+    for epoch in (0, 3, 1):
+        probe.set_epoch(epoch)
+        assert [b["epoch"].tolist() for b in loader] == [[epoch, epoch]] * 4
+
+
 def test_a_producer_error_reaches_the_training_loop(store):
     ds = CTPatchDataset(store, cache_gb=1)
     feed = feed_of(ds, "volumes", "random")
