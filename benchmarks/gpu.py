@@ -69,7 +69,7 @@ def regimes(
     its tables, staging and gather scratch) or an arena below its minimum of units."""
     size, unit = ds.nbytes(), ds.cache.unit_bytes
     ample = (2 * size + (64 << 20)) / GIB
-    bare = pool_layout(ds, device, 0, batch)
+    bare = pool_layout(ds, 0, batch)
     smallest = bare.tables + bare.staging + bare.gather + bare.need * bare.slot_bytes
     device = max(size / 4, 1.25 * smallest)
     host = max(size / 4, (MIN_SLOTS + 4) * unit + (1 << 20), device)

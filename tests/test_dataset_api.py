@@ -1,7 +1,9 @@
 """The datasets as torch Datasets: plain DataLoaders, the README's snippets as a script,
 transforms, and patch samplers."""
 
+import functools
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -25,6 +27,8 @@ from zarrfeed.training import (
     collate_points,
     make_loader,
 )
+from zarrfeed.training.data.protocols import WorkerSettings
+from zarrfeed.training.data.workers import init_worker
 from zarrfeed.transforms.sparse import occupancy_coords
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -50,12 +54,15 @@ def test_a_plain_dataloader_batch_equals_the_fast_path(built):
     same(plain, next(iter(loader)))
     same(plain, default_collate([ds[i] for i in range(8)]))
     assert plain["image"].shape == (8, 1, *ds.patch_shape) and plain["labels"].shape[0] == 8
-    learned = DataLoader(
-        ds, batch_size=8, num_workers=1, collate_fn=collate_and_say_if_shared,
-        multiprocessing_context="fork",
-    )  # fmt: skip
-    shared = [was for _, (_, was) in zip(range(3), learned, strict=False)]
-    assert shared == [False, True, True]  # then read straight into what crosses processes
+    for told in (False, True):  # workers told that the collate hands batches on whole
+        settings = WorkerSettings(shared_batches=told)
+        loader = DataLoader(
+            ds, batch_size=8, num_workers=1, collate_fn=collate_and_say_if_shared,
+            multiprocessing_context="fork",
+            worker_init_fn=functools.partial(init_worker, os.getpid(), settings),
+        )  # fmt: skip
+        shared = [was for _, (_, was) in zip(range(3), loader, strict=False)]
+        assert shared == [told] * 3  # read straight into what crosses processes, when told
 
 
 def collate_and_say_if_shared(samples: list[dict]) -> tuple[dict, bool]:

@@ -13,7 +13,7 @@ from zarrfeed.commands.demo import Row, _score, print_summary
 from zarrfeed.training.data.ct import CTPatchDataset, held_out
 from zarrfeed.training.pipes import learned_check
 from zarrfeed.training.tasks import TASK_TYPES, CTClassification, Task
-from zarrfeed.training.trainer import TrainResult
+from zarrfeed.training.result import TrainResult
 
 
 def result(task: str, before: dict, after: dict) -> TrainResult:

@@ -19,7 +19,9 @@ from zarrfeed.training import CTPatchDataset
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DevicePatches
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
-from zarrfeed.training.trainer import RunFolderHeld, amp_policy, make_optimizer, train
+from zarrfeed.training.checkpoints import RunFolderHeld
+from zarrfeed.training.runtime import amp_policy, make_optimizer
+from zarrfeed.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

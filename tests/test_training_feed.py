@@ -14,14 +14,11 @@ from torch.utils.data import Dataset
 
 from zarrfeed.training import CTPatchDataset
 from zarrfeed.training.data import ring as ring_module
-from zarrfeed.training.data.device import (
-    GATHER_BYTES_PER_VOXEL,
-    DeviceSlots,
-    plan_device,
-    pool_layout,
-)
-from zarrfeed.training.data.feed import EpochChain, EpochIndexed, Feed, LoaderKeys, make_feed
+from zarrfeed.training.data.device import GATHER_BYTES_PER_VOXEL, DeviceSlots, pool_layout
+from zarrfeed.training.data.epochs import EpochChain, EpochIndexed, LoaderKeys
+from zarrfeed.training.data.feed import Feed, make_feed
 from zarrfeed.training.data.loader import make_loader
+from zarrfeed.training.data.plan import Budgets, World, data_facts, machine_facts, plan_loading
 from zarrfeed.training.data.ring import RELEASE, BatchRing, settle
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
 from zarrfeed.training.trainer import train
@@ -40,8 +37,17 @@ def store(tmp_path_factory):
 def pool_bytes(ds: CTPatchDataset, slots: int) -> int:
     """A device budget that holds ``slots`` units besides the pool's tables, staging and
     gather scratch."""
-    bare = pool_layout(ds, CPU, 0, BATCH)
+    bare = pool_layout(ds, 0, BATCH)
     return bare.tables + bare.staging + bare.gather + slots * UNIT
+
+
+def device_tier(ds: CTPatchDataset, mode: str, gb: float | None = None) -> tuple[str, list[str]]:
+    """(tier, device reasons) the loading plan picks for ``ds`` on the CPU."""
+    plan = plan_loading(
+        data_facts(ds, ds.collate, device=True), machine_facts(CPU), World(),
+        Budgets(BATCH, workers=0, device_cache=mode, device_cache_gb=gb),
+    )  # fmt: skip
+    return plan.tier, plan.device_reasons
 
 
 def feed_of(ds: CTPatchDataset, mode: str, order: str, workers: int = 0) -> Feed:
@@ -106,8 +112,8 @@ def test_placed_patches_are_cut_alike_on_the_device_and_a_transform_keeps_the_lo
         for (_, a), (_, b) in zip(stored, runs["volumes"], strict=False)
     )  # the placement did move the patches
     flipped = CTPatchDataset(store, cache_gb=1, transform=lambda s: s)
-    plan = plan_device(flipped, CPU, "on", BATCH, 1.0)
-    assert plan.tier == "off" and "transform" in plan.reasons[0]
+    tier, reasons = device_tier(flipped, "on", 1.0)
+    assert tier == "loader" and "transform" in reasons[0]
 
 
 @pytest.mark.parametrize("mode", ["loader", "slots"])
@@ -147,11 +153,11 @@ def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
     assert stats.hits > 0  # units shared by consecutive batches were not uploaded twice
     with pytest.raises(ValueError, match="a batch may need 16"):
         DeviceSlots(ds, CPU, pool_bytes(ds, 15), BATCH)
-    plan = plan_device(ds, CPU, "on", BATCH, pool_bytes(ds, 15) / (1 << 30))
-    assert plan.tier == "off" and "a batch may need 16 units" in plan.reasons[0]
-    plan = plan_device(ds, CPU, "on", BATCH, budget / (1 << 30))
-    assert plan.tier == "slots" and layout.describe() in plan.reasons[0]
-    assert plan_device(ds, CPU, "auto", BATCH).tier == "off"  # auto: CUDA only
+    tier, reasons = device_tier(ds, "on", pool_bytes(ds, 15) / (1 << 30))
+    assert tier == "loader" and "a batch may need 16 units" in reasons[0]
+    tier, reasons = device_tier(ds, "on", budget / (1 << 30))
+    assert tier == "slots" and layout.describe() in reasons[0]
+    assert device_tier(ds, "auto")[0] == "loader"  # auto: CUDA only
 
 
 def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
@@ -173,7 +179,7 @@ def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
                                          collate_fn=ds.collate)  # fmt: skip
 
     def produce(start):
-        keys.start = start
+        keys.start_with(start)
         for batch in loader:
             yield keys.tags.popleft(), batch
 
@@ -217,20 +223,17 @@ class EpochProbe(Dataset):
     """Reports the epoch it saw for each sample (slowly, so workers overlap epochs)."""
 
     def __init__(self) -> None:
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.epoch = 0
 
     def __len__(self) -> int:
         return 8
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch[0] = epoch
-
-    def own_epoch(self) -> None:
-        self._epoch = self._epoch.clone()
+        self.epoch = epoch
 
     def __getitem__(self, index: int) -> dict:
         time.sleep(0.01)
-        return {"epoch": int(self._epoch[0]), "item": index}
+        return {"epoch": self.epoch, "item": index}
 
 
 def test_each_batch_reads_its_own_epoch_in_workers_running_ahead():
@@ -242,7 +245,7 @@ def test_each_batch_reads_its_own_epoch_in_workers_running_ahead():
     )  # fmt: skip
 
     def produce(start):
-        keys.start = start
+        keys.start_with(start)
         for batch in loader:
             yield keys.tags.popleft(), batch
 
@@ -251,6 +254,18 @@ def test_each_batch_reads_its_own_epoch_in_workers_running_ahead():
     assert [tag for tag, _ in got][:3] == [(0, 2), (0, 3), (1, 0)]
     for (epoch, _), batch in got:
         assert batch["epoch"].tolist() == [epoch, epoch]
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_set_epoch_reaches_persistent_workers_through_the_keys(context):
+    """make_loader's workers live across epochs; the epoch set between passes travels with
+    every index they are handed, whatever starts them."""
+    probe = EpochProbe()
+    loader, plan = make_loader(probe, 2, workers=2, shuffle=False, context=context, log=None)
+    assert plan.persistent_workers and plan.context == context
+    for epoch in (0, 3, 1):
+        probe.set_epoch(epoch)
+        assert [b["epoch"].tolist() for b in loader] == [[epoch, epoch]] * 4
 
 
 def test_a_producer_error_reaches_the_training_loop(store):
@@ -274,7 +289,7 @@ def test_training_through_the_slot_pool_matches_the_loader(built, tmp_path):
         return train(cfg, log=lines.append).history, lines
 
     ds = CTPatchDataset(built[0], cache_gb=1)
-    bare = pool_layout(ds, CPU, 0, 2)  # what the pool needs besides its slots
+    bare = pool_layout(ds, 0, 2)  # what the pool needs besides its slots
     slots = bare.need * bare.slot_bytes  # no more than one batch needs: its units cycle
     gb = (bare.tables + bare.staging + bare.gather + slots) / (1 << 30)
     pooled, lines = run("pool", device_cache="on", device_cache_gb=gb, sampler="random")
@@ -310,14 +325,14 @@ def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
     slots = 5  # prefetch 4 + the one being copied out
     keys = [[(0, i) for i in range(b * BATCH, (b + 1) * BATCH)] for b in range(3 * slots)]
     loader, plan = make_loader(
-        EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
+        ds, BATCH, workers=1, context="fork", log=None, ring=True,
         collate_fn=ds.collate, batch_sampler=keys, pin_memory=False,
     )  # fmt: skip
     assert plan.ring and plan.prefetch_factor + 1 == slots
     assert loader.pin_memory is False and ds.batch_ring == 0  # the caller's is untouched
     assert "pinned memory: off (the training device is not CUDA)" in plan.reasons
     # pinned memory follows the training device: for CUDA the feed copies out into it
-    _, cuda = make_loader(EpochIndexed(ds), BATCH, workers=1, context="fork", log=None,
+    _, cuda = make_loader(ds, BATCH, workers=1, context="fork", log=None,
                           ring=True, pin_memory=True, batch_sampler=keys)  # fmt: skip
     assert cuda.pin_memory and cuda.kwargs()["pin_memory"] is False
     assert "pinned memory: on (training on CUDA)" in cuda.reasons
@@ -337,7 +352,7 @@ def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
     try:
         held = []
         loader, _ = make_loader(
-            EpochIndexed(ds), BATCH, workers=1, context="fork", log=None, ring=True,
+            ds, BATCH, workers=1, context="fork", log=None, ring=True,
             collate_fn=ds.collate, batch_sampler=keys,
         )  # fmt: skip
         for b, batch in enumerate(loader):  # never freed: the worker falls back
@@ -352,10 +367,16 @@ def test_loader_workers_reuse_batch_slots_the_feed_frees(store):
 
 def test_a_model_on_the_cpu_gets_the_cpus_its_loader_workers_leave(monkeypatch):
     """torch's default (a thread per CPU) spins against the loader workers when the model
-    trains on the CPU; the feed gives the model what the workers leave, at least one
+    trains on the CPU; the plan gives the model what the workers leave, at least one
     thread, and a set ``OMP_NUM_THREADS`` wins."""
     from zarrfeed.processes import usable_cpus
-    from zarrfeed.training.data.feed import share_cpus
+    from zarrfeed.training.data.plan import plan_threads, world_facts
+
+    def share_cpus(workers: int) -> str:  # what the feed does with the plan
+        threads, line = plan_threads(machine_facts(), world_facts(), workers)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return line
 
     before = torch.get_num_threads()
     try:

@@ -39,14 +39,13 @@ def main(args: argparse.Namespace) -> int:
 
     found = reader(args.dataset)
     dataset = found.load()(args.store, cache_gb=args.cache_gb, **found.options)
-    collate = getattr(dataset, "collate", None)
     if args.autotune:
-        plan = training.autotune(dataset, args.batch, collate_fn=collate, batches=args.batches)
+        plan = training.autotune(dataset, args.batch, batches=args.batches)
         workers: int | str = plan.num_workers
         print("\n".join(plan.reasons[-1:]))
     else:
         workers = int(args.workers) if args.workers.isdigit() else args.workers
-    loader, plan = training.make_loader(dataset, args.batch, workers, collate_fn=collate)
+    loader, plan = training.make_loader(dataset, args.batch, workers)  # the loading plan
     print(f"dataset: {type(dataset).__name__} over {args.store}: {len(dataset)} samples")
     report = training.measure(loader, args.batches)
     stats = dataset.cache.stats()

@@ -168,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
-    from zarrfeed.training.trainer import DistEnv, TrainingStopped, train
+    from zarrfeed.training.runtime import DistEnv
+    from zarrfeed.training.stopping import TrainingStopped
+    from zarrfeed.training.trainer import train
 
     main_rank = DistEnv.from_environ().main
     bar = Bar() if main_rank and sys.stderr.isatty() else None

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from zarrfeed.training.config import TrainConfig as TrainConfig
     from zarrfeed.training.data import *  # noqa: F403
+    from zarrfeed.training.result import TrainResult as TrainResult
     from zarrfeed.training.trainer import Trainer as Trainer
-    from zarrfeed.training.trainer import TrainResult as TrainResult
     from zarrfeed.training.trainer import train as train
 
 _HOMES = {
     "TrainConfig": "config",
     "Trainer": "trainer",
-    "TrainResult": "trainer",
+    "TrainResult": "result",
     "train": "trainer",
 }
 

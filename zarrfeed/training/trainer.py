@@ -14,6 +14,8 @@ checkpoint, metrics and plots of that step.  Under ``torchrun`` it trains with D
 of every epoch per rank, and only rank 0 writes.  A run folder is held by one training at a
 time: rank 0 holds its ``train.lock`` for the run's life (another training into the folder
 fails at once, naming the holder), and removes the checkpoint files a killed writer left.
+The pieces it runs live beside it: :mod:`.runtime` (device, AMP, optimiser),
+:mod:`.checkpoints`, :mod:`.stopping` (signals) and :mod:`.result`.
 """
 
 from __future__ import annotations
@@ -23,12 +25,9 @@ import gc
 import itertools
 import json
 import math
-import os
 import signal
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,241 +39,29 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from zarrfeed.datasets import snapshots
-from zarrfeed.errors import ConfigError, ZarrfeedError
-from zarrfeed.processes import Held, Hold, hold, process_alive
+from zarrfeed.errors import ConfigError
+from zarrfeed.processes import Held, Hold, hold
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.checkpoints import (
+    RunFolderHeld,
+    data_fingerprint,
+    read_checkpoint,
+    removed_leftovers,
+    write_checkpoint,
+)
 from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
 from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.report import EventLog, loss_curve_png
+from zarrfeed.training.result import TrainResult
+from zarrfeed.training.runtime import DistEnv, amp_policy, make_optimizer, resolve_device
+from zarrfeed.training.stopping import StopSignals, TrainingStopped
 from zarrfeed.training.tasks import PerClass, Task, make_task
 
 LOCK = "train.lock"  # in the run folder: held by the training that writes it
 VERSION_BYTES = 64  # a dataset version id, as ranks agree on it
 
 Progress = Callable[[int, int], None]  # (steps done, steps in all), once per step
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """Where this process sits in a ``torchrun`` job (rank 0 of 1 without one)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        env = os.environ
-        return cls(
-            int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
-        )
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def resolve_device(spec: str, env: DistEnv) -> torch.device:
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(spec)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
-    return device
-
-
-def amp_policy(mode: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
-    """(autocast dtype or None, use a GradScaler) for ``train.amp`` on ``device``.
-
-    ``auto``: bf16 on CUDA devices that support it, else fp16 with a scaler; fp32 on the
-    CPU, where bf16 autocast turned the 3-D CNNs' first-layer gradients into NaN after one
-    step on real batches (ct_classifier, seed 5) and is no faster without native bf16 units.
-    ``bf16`` still asks for it on the CPU.
-    """
-    if mode == "auto":
-        mode = (
-            "off" if device.type == "cpu" else "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        )
-    if mode == "off":
-        return None, False
-    if mode == "fp16" and device.type != "cuda":
-        raise ConfigError("train.amp=fp16 needs CUDA; use bf16 (or auto) on the CPU")
-    return (torch.bfloat16, False) if mode == "bf16" else (torch.float16, True)
-
-
-def make_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, device: torch.device
-) -> torch.optim.AdamW:
-    """AdamW; fused on CUDA, where it is the fastest kernel and — the reason it matters with
-    fp16 — takes the GradScaler's inf check and scale as device tensors, so a scaled step
-    never waits for the device (any other optimizer makes ``GradScaler.step`` read the inf
-    flag back to the host every step).  The CPU keeps torch's default implementation."""
-    return torch.optim.AdamW(
-        model.parameters(), lr=lr, weight_decay=weight_decay, fused=device.type == "cuda" or None
-    )
-
-
-def data_fingerprint(dataset: Dataset) -> dict[str, Any]:
-    """What the model trained on: the dataset version it read (its id names the partitions'
-    exact versions, readable again while retained) and its partitions."""
-    return {
-        "dataset": dataset.dataset,
-        "dataset_version": dataset.dataset_version,
-        "partitions": len(dataset.keys),
-    }
-
-
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint, loaded with ``weights_only=True`` (tensors and plain values only); one
-    that cannot be read (cut short by a copy, or not a zarrfeed checkpoint) fails naming it."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(
-            f"{path}: not a readable checkpoint ({reason}); it is left untouched: restore it "
-            "to continue its run, or move it away (or set another run_name or out) to start "
-            "afresh"
-        ) from exc
-
-
-class TrainingStopped(Exception):
-    """A signal stopped the run; the checkpoint, metrics and plots of ``step`` are written
-    (unless it came before the first step).  The message is one line that says so."""
-
-    def __init__(self, message: str, signum: int, step: int) -> None:
-        super().__init__(message)
-        self.signum, self.step = signum, step
-
-
-class RunFolderHeld(ZarrfeedError):
-    """Another training holds the run folder this one would write."""
-
-
-def removed_leftovers(run: Path) -> list[Path]:
-    """Remove the checkpoint files ``last.<pid>.tmp`` in ``run`` whose writer, a process of
-    this machine, is dead (a ``kill -9`` during a checkpoint write leaves one); those of live
-    writers are kept.  What was removed."""
-    removed = []
-    for tmp in run.glob("last.*.tmp"):
-        pid = tmp.name.split(".")[1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed
-
-
-class StopSignals:
-    """SIGINT and SIGTERM, while training: ask the loop to stop after the step in progress,
-    so that its state is saved.  Before the loop starts, or a second time, they stop at once
-    (``TrainingStopped``, or ``KeyboardInterrupt`` for a second Ctrl-C).
-
-    Under DDP, every rank must stop after the same step, though a signal may reach one rank
-    only or the ranks at different steps: each step sums the ranks' flags of the step before
-    over a CPU (gloo) group without waiting, and all ranks stop when that sum is non-zero.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, world: int) -> None:
-        self.world, self.signum, self.armed, self.stopped = world, 0, False, False
-        self.outside = "before training began: nothing saved"  # what an unarmed stop means
-        self._previous: dict[int, Any] = {}
-        self._group: Any = None
-        self._pending: tuple[Any, torch.Tensor] | None = None
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():  # handlers live there only
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        name = signal.Signals(signum).name
-        if self.armed and not self.signum:
-            self.signum = signum
-            return
-        if self.signum and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: the save in progress is abandoned
-        raise TrainingStopped(f"stopped by {name} {self.outside}", signum, 0)
-
-    def arm(self) -> None:
-        """From here on a signal waits for the end of the step in progress."""
-        if self.world > 1 and self._group is None:
-            backend = dist.get_backend()
-            self._group = dist.new_group(backend="gloo") if backend != "gloo" else None
-        self.armed = True
-
-    def disarm(self, outside: str) -> None:
-        """From here on a signal stops at once; ``outside`` says what is saved then."""
-        self.armed, self.outside = False, outside
-
-    @property
-    def name(self) -> str:
-        """The signal that stopped the run (under DDP it may have reached another rank)."""
-        return signal.Signals(self.signum).name if self.signum else "a signal to another rank"
-
-    def requested(self) -> bool:
-        """True once the run should stop (on every rank at the same step under DDP)."""
-        if self.world == 1:
-            self.stopped = bool(self.signum)
-            return self.stopped
-        agreed = False
-        if self._pending is not None:
-            work, flag = self._pending
-            work.wait()
-            agreed = bool(flag.item())
-        flag = torch.tensor([1 if self.signum else 0], dtype=torch.int32)
-        self._pending = (dist.all_reduce(flag, group=self._group, async_op=True), flag)
-        self.stopped = agreed
-        return agreed
-
-
-@dataclass
-class TrainResult:
-    """What a run leaves: the curve, timings, evaluation before/after and the checkpoint."""
-
-    task: str
-    step: int
-    history: dict[str, list[float]]
-    eval_before: dict[str, float]
-    eval_after: dict[str, float]
-    samples_per_s: float
-    data_wait_share: float
-    checkpoint: str
-    data: dict[str, Any]
-    config: dict[str, Any]
-    loader: list[str] = field(default_factory=list)
-    resumed_from: int = 0
-    peak_memory_mb: float = 0.0
-    # per-class tables of the evaluation batches (metric -> class -> value; the CT-RATE
-    # classifier's per-finding AUROC), after and before training
-    per_class: PerClass = field(default_factory=dict)
-    per_class_before: PerClass = field(default_factory=dict)
-    stopped_by: str = ""  # the signal that ended the run early, if one did
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "step": self.step,
-            "final_loss": self.history["loss"][-1] if self.history["loss"] else None,
-            "eval_before": self.eval_before,
-            "eval_after": self.eval_after,
-            "samples_per_s": round(self.samples_per_s, 2),
-            "data_wait_share": round(self.data_wait_share, 4),
-            "resumed_from": self.resumed_from,
-            "peak_memory_mb": round(self.peak_memory_mb, 1),
-            "checkpoint": self.checkpoint,
-            "data": self.data,
-            "per_class": self.per_class,
-            "per_class_before": self.per_class_before,
-            **({"stopped_by": self.stopped_by} if self.stopped_by else {}),
-        }
 
 
 class Trainer:
@@ -393,8 +180,6 @@ class Trainer:
     ) -> None:
         if not self.env.main:
             return
-        path = self.checkpoint_path
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             **state,
             "model": model.state_dict(),
@@ -405,9 +190,7 @@ class Trainer:
             "data_fingerprint": self._fingerprint,
             "sample_order": self._order,
         }
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # removed_leftovers() reads the pid
-        torch.save(payload, tmp)
-        os.replace(tmp, path)  # a crash never leaves half a checkpoint under the real name
+        write_checkpoint(self.checkpoint_path, payload)
 
     def _resume_point(self, dataset: Dataset, feed: Feed) -> dict[str, Any] | None:
         """The checkpoint this run continues, or None to start afresh; either way

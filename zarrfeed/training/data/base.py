@@ -5,8 +5,8 @@ sampler needs to know.
 A sample is a dict of tensors (and ints) that ``torch.utils.data.default_collate`` batches, so
 a plain ``DataLoader`` works.  Datasets with a batched read return from ``__getitems__`` the
 samples as rows of one batch (:class:`BatchSamples`); :func:`collate_batch` hands that batch
-on without copying it (``make_loader`` passes it), where ``default_collate`` copies it once
-more.
+on without copying it (``make_loader`` passes it, and tells its workers to read batches
+straight into shared memory), where ``default_collate`` copies it once more.
 
 Every index is a handful of flat numpy arrays built from the dataset manifests and the
 consolidated tables that the ``datasets`` assets write (no per-sample Python objects, which
@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.datasets import open_dataset, snapshots
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.data.protocols import WorkerSettings
 from zarrfeed.training.data.reader import CachedArrays, Region
 from zarrfeed.training.data.ring import RELEASE, BatchRing
 
@@ -58,14 +59,11 @@ class BatchSamples(Sequence):
 
 def collate_batch(batch: Sequence[Any]) -> Any:
     """``default_collate``, except that the samples of a batch read at once
-    (:class:`BatchSamples`) come back as that batch, without a copy."""
+    (:class:`BatchSamples`) come back as that batch, without a copy.  (A loader that hands
+    batches on this way tells its workers to read them straight into shared memory:
+    :class:`~zarrfeed.training.data.protocols.WorkerSettings`.)"""
     if not isinstance(batch, BatchSamples):
         return default_collate(batch)
-    reader = getattr(get_worker_info(), "dataset", None)  # None outside a worker
-    if hasattr(reader, "shared_batches"):
-        # Handed on as it is, the batch crosses to the main process through shared memory:
-        # have the worker's next batches read straight into it.
-        reader.shared_batches = True
     return batch.batch
 
 
@@ -110,16 +108,13 @@ class StoreDataset(Dataset):
             self.url, self.storage_options = str(store), None
         self.seed, self.budget_bytes = seed, int(cache_gb * GB)
         self.transform = transform
-        # Whether a worker's batched reads go straight into shared memory: worth it only when
-        # collate_batch hands the buffer on (default_collate copies it anyway), so each
-        # worker's collate_batch turns it on at its first batch.
+        # In a loader worker, what its loader says (configure_worker): whether batched reads
+        # go straight into shared memory, and how many batch slots they reuse (0: none).
         self.shared_batches = False
-        # Batch slots per worker that its batched reads reuse (0: none): only a consumer that
-        # frees them (the training feed, through ring.settle) turns them on.
         self.batch_ring = 0
         self._ring: BatchRing | None = None
-        # Shared with the workers (persistent ones too): set_epoch reaches them.
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        # This process's epoch; loader workers take it from each index (training.data.epochs)
+        self.epoch = 0
         self._store: ZarrStore | None = None
         self._pid = os.getpid()
         build = (
@@ -209,22 +204,17 @@ class StoreDataset(Dataset):
         """Asset → (manifest partitions, cached array names)."""
         return {self.asset: (self.partitions, self.cached_names())}
 
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch[0])
-
     def set_epoch(self, epoch: int) -> None:
         """Random crops and defects depend on (seed, epoch, index): reproducible per epoch.
 
-        The epoch lives in shared memory, so persistent workers see the change; call it
-        before iterating the loader for that epoch.
+        Call it before iterating the loader for that epoch: ``make_loader``'s loaders hand
+        their workers (persistent ones too) each index with the epoch set here.
         """
-        self._epoch[0] = epoch
+        self.epoch = int(epoch)
 
-    def own_epoch(self) -> None:
-        """Give this process an epoch of its own, no longer shared with the other workers:
-        a worker that is handed each batch's epoch sets it without changing its siblings'."""
-        self._epoch = self._epoch.clone()
+    def configure_worker(self, settings: WorkerSettings) -> None:
+        """Take the settings a loader gives its workers (in the worker's copy only)."""
+        self.batch_ring, self.shared_batches = settings.ring_slots, settings.shared_batches
 
     def rng(self, index: int, stream: int = 0) -> np.random.Generator:
         """The generator of sample ``index`` this epoch; ``stream`` tells independent uses of

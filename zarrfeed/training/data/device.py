@@ -17,8 +17,9 @@ hand-off, pinned buffer) before the transfer.  Held on the device, a batch is on
 
 Either way a batch's voxels are found by index arithmetic on the device and cut by one
 ``torch.take``, never a Python loop of slices, and the batch equals what the dataset's own
-``__getitems__`` returns for the same indices.  :func:`plan_device` picks the regime from the
-measured sizes and says why.
+``__getitems__`` returns for the same indices.  The loading plan
+(:func:`~zarrfeed.training.data.plan.plan_loading`) picks the regime from the measured sizes
+and says why.
 """
 
 from __future__ import annotations
@@ -30,12 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.processes import available_memory
 from zarrfeed.training.data.ct import CTPatchDataset
 from zarrfeed.training.data.reader import copy_threads
 
-# Share of the device's free memory the device cache may take by default ("auto").
-DEVICE_SHARE = 0.25
 _TORCH = {"f2": torch.float16, "f4": torch.float32, "u1": torch.uint8, "i2": torch.int16}
 
 
@@ -178,25 +176,54 @@ class PoolLayout:
         )
 
 
-def pool_layout(
-    dataset: CTPatchDataset, device: torch.device, budget_bytes: int, batch_size: int
-) -> PoolLayout:
-    """The slot pool that ``budget_bytes`` holds for ``dataset`` at ``batch_size`` (its
-    ``slots`` may be fewer than a batch needs: then there is no pool)."""
+@dataclass(frozen=True)
+class PoolFacts:
+    """What sizing a slot pool needs to know of a patch dataset (:func:`pool_facts`)."""
+
+    slot_bytes: int  # the largest cache unit, in bytes
+    units: int  # cache units in the dataset
+    scans: int
+    unit_dims: int  # axes of a unit
+    label_bytes: int
+    units_per_patch: int  # units one patch can overlap at most
+    patch_voxels: int
+    uniform: bool  # every scan has the same unit shape (a pool needs it)
+
+
+def pool_facts(dataset: CTPatchDataset) -> PoolFacts:
+    """The facts :func:`layout_pool` sizes a pool from, read from ``dataset``'s cache."""
     g = dataset.cache.groups[dataset.asset, dataset.window]
-    slot_bytes = int(np.prod(g.units, axis=1).max()) * g.dtype.itemsize
-    n_units, scans = int(g.offsets[-1]), len(g.shapes)
-    labels = 0 if dataset.labels is None else dataset.labels.nbytes
+    return PoolFacts(
+        slot_bytes=int(np.prod(g.units, axis=1).max()) * g.dtype.itemsize,
+        units=int(g.offsets[-1]),
+        scans=len(g.shapes),
+        unit_dims=int(g.units.shape[1]),
+        label_bytes=0 if dataset.labels is None else int(dataset.labels.nbytes),
+        units_per_patch=units_per_patch(dataset),
+        patch_voxels=int(np.prod(dataset.patch_shape)),
+        uniform=len({tuple(u) for u in g.units.tolist()}) == 1,
+    )
+
+
+def layout_pool(facts: PoolFacts, budget_bytes: int, batch_size: int) -> PoolLayout:
+    """The slot pool that ``budget_bytes`` holds at ``batch_size`` (its ``slots`` may be
+    fewer than a batch needs: then there is no pool)."""
+    slot_bytes = facts.slot_bytes
     # on the device: unit -> slot (int32); per scan its first unit, grid strides and unit
     # shape (int64); the labels
-    tables = n_units * 4 + scans * (3 + g.units.shape[1]) * 8 + labels
-    need = batch_size * units_per_patch(dataset)
+    tables = facts.units * 4 + facts.scans * (3 + facts.unit_dims) * 8 + facts.label_bytes
+    need = batch_size * facts.units_per_patch
     stage = max(1, min(need, STAGE_BYTES // slot_bytes))
     # pinned buffers -> one landing buffer on the device -> slots; and their indices
     staging = (STAGES + 1) * stage * slot_bytes + STAGES * stage * 16
-    gather = GATHER_BYTES_PER_VOXEL * batch_size * int(np.prod(dataset.patch_shape))
+    gather = GATHER_BYTES_PER_VOXEL * batch_size * facts.patch_voxels
     slots = max(0, (int(budget_bytes) - tables - staging - gather) // slot_bytes)
     return PoolLayout(slots, slot_bytes, stage, need, tables, staging, gather)
+
+
+def pool_layout(dataset: CTPatchDataset, budget_bytes: int, batch_size: int) -> PoolLayout:
+    """The slot pool that ``budget_bytes`` holds for ``dataset`` at ``batch_size``."""
+    return layout_pool(pool_facts(dataset), budget_bytes, batch_size)
 
 
 @dataclass
@@ -239,7 +266,7 @@ class DeviceSlots(_PatchSource):
         self.unit = tuple(int(u) for u in g.units[0])
         self.unit_elems = int(np.prod(self.unit))
         self.budget_bytes = int(budget_bytes)
-        self.layout = layout = pool_layout(dataset, device, budget_bytes, batch_size)
+        self.layout = layout = pool_layout(dataset, budget_bytes, batch_size)
         self.slot_bytes, self.slots = layout.slot_bytes, layout.slots
         if self.slots < layout.need:
             raise ValueError(
@@ -414,85 +441,13 @@ class DeviceSlots(_PatchSource):
         return out
 
 
-@dataclass
-class DevicePlan:
-    """Which device tier serves the batches, and why."""
-
-    tier: str  # "volumes", "slots" or "off"
-    budget_bytes: int
-    reasons: list[str]
-
-
-def device_budget(device: torch.device, configured_gb: float | None) -> tuple[int, str]:
-    """Bytes the device cache may take: as configured, else ``DEVICE_SHARE`` of the free
-    device memory (of the available RAM on the CPU)."""
-    if configured_gb is not None:
-        return int(configured_gb * (1 << 30)), f"{configured_gb:g} GiB as configured"
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(DEVICE_SHARE * free), f"{DEVICE_SHARE:g} x {free / 1e9:.1f} GB free on {device}"
-    free = available_memory()
-    return int(DEVICE_SHARE * free), f"{DEVICE_SHARE:g} x {free / 1e9:.1f} GB available RAM"
-
-
-def plan_device(
-    dataset: Any,
-    device: torch.device,
-    mode: str,
-    batch_size: int,
-    configured_gb: float | None = None,
-) -> DevicePlan:
-    """The device tier for ``mode`` ("auto": on CUDA only; "on": on any device; "off").
-
-    The dataset's volumes go to the device when they fit its budget; otherwise a pool of
-    slots within the budget holds the units the batches read, as long as one batch's units
-    fit; otherwise batches come from the DataLoader."""
-    if mode == "off":
-        return DevicePlan("off", 0, ["device cache: off (as configured)"])
-    if not (isinstance(dataset, CTPatchDataset) and dataset.patch):
-        why = "it cuts CT patches only"
-        return DevicePlan("off", 0, [f"device cache: off ({why}; {type(dataset).__name__})"])
-    if dataset.transform is not None:
-        why = "its transform runs per sample on the host"
-        return DevicePlan("off", 0, [f"device cache: off ({why}: the DataLoader path applies it)"])
-    if mode == "auto" and device.type != "cuda":
-        return DevicePlan("off", 0, [f"device cache: off (auto: {device} is not a CUDA device)"])
-    budget, how = device_budget(device, configured_gb)
-    size = dataset.nbytes()
-    if size <= budget:
-        return DevicePlan(
-            "volumes",
-            budget,
-            [f"device cache: volumes held on {device} ({size / 1e9:.2f} GB <= {how})"],
-        )
-    g = dataset.cache.groups[dataset.asset, dataset.window]
-    layout = pool_layout(dataset, device, budget, batch_size)
-    need = layout.need
-    if layout.slots < need or len({tuple(u) for u in g.units.tolist()}) != 1:
-        why = (
-            f"a batch may need {need} units, the rest of the budget holds {layout.slots} "
-            f"({layout.describe()})"
-            if layout.slots < need
-            else "scans have different cache units"
-        )
-        return DevicePlan("off", 0, [f"device cache: off ({size / 1e9:.2f} GB > {how}; {why})"])
-    return DevicePlan(
-        "slots",
-        budget,
-        [
-            f"device cache: a pool on {device} within {how} ({size / 1e9:.2f} GB do not fit): "
-            f"{layout.describe()}; units uploaded from the host cache ahead of the step, "
-            "least recently used evicted"
-        ],
-    )
-
-
 def device_source(
-    dataset: CTPatchDataset, device: torch.device, plan: DevicePlan, batch_size: int
+    dataset: CTPatchDataset, device: torch.device, tier: str, budget_bytes: int, batch_size: int
 ) -> DevicePatches | DeviceSlots:
-    """The tier ``plan`` chose, built (volumes uploaded; the slot pool allocated)."""
-    if plan.tier == "volumes":
+    """The device tier the loading plan chose, built (volumes uploaded; the slot pool
+    allocated)."""
+    if tier == "volumes":
         return DevicePatches(dataset, device)
-    if plan.tier == "slots":
-        return DeviceSlots(dataset, device, plan.budget_bytes, batch_size)
-    raise ValueError(f"no device tier to build: {plan.reasons}")
+    if tier == "slots":
+        return DeviceSlots(dataset, device, budget_bytes, batch_size)
+    raise ValueError(f"no device tier {tier!r} to build")

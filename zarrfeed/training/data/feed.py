@@ -23,145 +23,36 @@ it consumed, not from what the producer has prepared, so a checkpoint resumes ex
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import islice
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
-from zarrfeed.processes import usable_cpus
-from zarrfeed.training.data.base import collate_batch
-from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source, plan_device
-from zarrfeed.training.data.loader import LoaderPlan, local_world_size, make_loader
+from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source
+from zarrfeed.training.data.epochs import EpochChain, LoaderKeys, Tag
+from zarrfeed.training.data.loader import build_loader, collate_of, run_preload
+from zarrfeed.training.data.plan import (
+    Budgets,
+    LoadingPlan,
+    data_facts,
+    machine_facts,
+    plan_loading,
+    world_facts,
+)
 from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.sampler import (
     BlockSampler,
     ResumableSampler,
+    build_order,
     follow_order,
-    make_sampler,
     sample_order,
 )
 
-Tag = tuple[int, int]  # (epoch, batch position within the epoch)
 _DONE = object()
-
-
-class EpochChain:
-    """Fixed-size batches of a resumable sampler's indices, epoch after epoch without end.
-
-    ``sampler`` has ``set_epoch(epoch, start)`` (start in samples) and yields the rest of
-    that epoch; the last incomplete batch of each epoch is dropped, as a DataLoader with
-    ``drop_last=True`` does.  ``dataset.set_epoch`` (when it has one) is called in the
-    producer thread only by the device path, which reads no per-epoch randomness.
-    """
-
-    def __init__(self, sampler: Any, batch_size: int) -> None:
-        self.sampler, self.batch_size = sampler, batch_size
-        sampler.set_epoch(0, 0)
-        self.per_epoch = len(sampler) // batch_size
-        if not self.per_epoch:
-            raise ValueError(
-                f"{len(sampler)} samples per epoch cannot fill a batch of {batch_size}"
-            )
-
-    def batches(self, epoch: int, position: int) -> Iterator[tuple[Tag, np.ndarray]]:
-        """(tag, indices) from batch ``position`` of ``epoch`` on."""
-        b = self.batch_size
-        while True:
-            if position < self.per_epoch:
-                self.sampler.set_epoch(epoch, position * b)
-                order = iter(self.sampler)
-                while len(chunk := list(islice(order, b))) == b:
-                    yield (epoch, position), np.asarray(chunk, dtype=np.int64)
-                    position += 1
-            epoch, position = epoch + 1, 0
-
-
-class EpochIndexed(Dataset):
-    """``dataset`` indexed by ``(epoch, index)`` pairs, so one persistent DataLoader can
-    read several epochs at once: each batch sets the epoch its samples belong to.
-
-    In a worker the epoch is made private to that process first (``own_epoch``), so two
-    workers reading batches of different epochs never see each other's.  Other attributes
-    are the dataset's own (the cache, ``preload``, ``collate``).
-    """
-
-    _OWN = ("dataset", "_owner", "_own", "batch_ring")
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset, self._owner, self._own = dataset, os.getpid(), False
-        # batch slots for the workers (make_loader sets it): applied to each worker's copy
-        # of the dataset only, never to the caller's, which other loaders may read
-        self.batch_ring = 0
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in self._OWN:
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # what the loader sets (batch_ring) and the workers' collate sets (shared_batches)
-        # are the dataset's own settings
-        if name in self._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.dataset, name, value)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def _set_epoch(self, epoch: int) -> None:
-        if os.getpid() != self._owner and not self._own:  # first batch in a worker
-            own = getattr(self.dataset, "own_epoch", None)
-            if own is not None:
-                own()
-            if hasattr(self.dataset, "batch_ring"):
-                self.dataset.batch_ring = self.batch_ring
-            self._own = True
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(epoch)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> Any:
-        if isinstance(key, tuple):
-            self._set_epoch(key[0])
-            key = key[1]
-        return self.dataset[key]
-
-    def __getitems__(self, keys: list[tuple[int, int]]) -> Any:
-        epochs = {e for e, _ in keys}
-        if len(epochs) != 1:
-            raise ValueError(f"a batch spans epochs {sorted(epochs)}: the feed never cuts one so")
-        self._set_epoch(keys[0][0])
-        indices = [i for _, i in keys]
-        fetch = getattr(self.dataset, "__getitems__", None)
-        return fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
-
-
-class LoaderKeys(Sampler[list[tuple[int, int]]]):
-    """The DataLoader's batch sampler: :class:`EpochChain`'s batches as (epoch, index)
-    pairs, from the start the trainer gives once it knows it (the workers are already
-    starting meanwhile); the tags go to ``tags`` in the order the DataLoader returns them."""
-
-    def __init__(self, chain: EpochChain) -> None:
-        self.chain, self.tags = chain, deque()
-        self.start: Callable[[], Tag | None] = lambda: None
-        self.reason = getattr(chain.sampler, "reason", "")
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        start = self.start()
-        if start is None:  # closed before it began
-            return
-        for tag, indices in self.chain.batches(*start):
-            self.tags.append(tag)
-            yield [(tag[0], int(i)) for i in indices]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -348,43 +239,49 @@ def make_feed(
     log: Callable[[str], None] | None = print,
     depth: int = 2,
 ) -> Feed:
-    """The feed for ``dataset`` on ``device``, its tier chosen from the measured sizes.
-
-    The device tier is decided first (:func:`~zarrfeed.training.data.device.plan_device`),
-    then the epoch order for the tier that serves the batches: a shuffle of the whole
-    dataset when its volumes are on the device, a block shuffle sized to the smaller of the
-    device pool and the host cache when units stream through a slot pool, and the host
-    cache's own choice (:func:`~zarrfeed.training.data.sampler.make_sampler`) for the
-    DataLoader.  The choice and its reasons are logged as one block.
-    """
-    plan = plan_device(dataset, device, device_cache, batch_size, device_cache_gb)
-    if plan.tier == "off":
-        return _loader_feed(
-            dataset, batch_size, device, plan.reasons, collate_fn, workers, preload, order,
-            context, rank, world, seed, log, depth,
-        )  # fmt: skip
-    reasons = list(plan.reasons)
-    cache = dataset.cache
-    if cache.in_ram and preload in (True, "auto"):
-        t0 = time.perf_counter()
-        dataset.preload()
-        reasons.append(f"host cache: preloaded {cache.nbytes / 1e9:.2f} GB in "
-                       f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
-    holder = device_source(dataset, device, plan, batch_size)
-    sampler = _device_sampler(dataset, holder, order, rank, world, seed)
-    chain = EpochChain(sampler, batch_size)
-    reasons += [
-        f"sampler: {sampler.reason}",
-        "batches are cut on the device by one gather, prepared a step ahead: no workers",
-    ]
-    loader_plan = LoaderPlan(0, None, False, False, None, reasons)
+    """The feed for ``dataset`` on ``device``, as the loading plan
+    (:func:`~zarrfeed.training.data.plan.plan_loading`) has it: the device tier when it can
+    cut the batches (then the epoch order for it), else one persistent DataLoader over the
+    host cache.  The plan and its reasons are logged as one block."""
+    collate_fn = collate_of(dataset, collate_fn)
+    budgets = Budgets(
+        batch_size, workers, preload, order, device_cache=device_cache,
+        device_cache_gb=device_cache_gb, pin_memory=device.type == "cuda", context=context,
+    )  # fmt: skip
+    tier = device_cache != "off"
+    facts = data_facts(dataset, collate_fn, device=tier)
+    plan = plan_loading(facts, machine_facts(device, tier), world_facts(rank, world), budgets)
+    run_preload(dataset, plan)
+    assert plan.order is not None  # the feed always walks an order of its own
+    if plan.tier == "loader":
+        sampler = build_order(plan.order, dataset, rank, world, seed)
+        feed = _loader_feed(dataset, plan, sampler, batch_size, device, collate_fn, context,
+                            seed, depth)  # fmt: skip
+    else:
+        holder = device_source(dataset, device, plan.tier, plan.device_budget, batch_size)
+        sampler = build_order(plan.order, dataset, rank, world, seed)
+        feed = _device_feed(dataset, plan, holder, sampler, batch_size, device, depth)
     if log:
-        log(loader_plan.log_block())
+        log(plan.loader.log_block())
+    return feed
 
+
+def _device_feed(
+    dataset: Any,
+    plan: LoadingPlan,
+    holder: DevicePatches | DeviceSlots,
+    sampler: ResumableSampler | BlockSampler,
+    batch_size: int,
+    device: torch.device,
+    depth: int,
+) -> Feed:
+    """Batches cut on the device by ``holder``, in ``sampler``'s order."""
+    plan.loader.reasons = plan.reasons()
+    chain = EpochChain(sampler, batch_size)
     ahead = None
     if isinstance(holder, DeviceSlots) and isinstance(sampler, BlockSampler):
         # out of core the host decodes the next block from this one's middle: upload it then
-        ahead = BlockAhead(sampler, dataset, holder, batch_size, half=not cache.in_ram)
+        ahead = BlockAhead(sampler, dataset, holder, batch_size, half=not dataset.cache.in_ram)
 
     def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
         begin = start()
@@ -396,8 +293,42 @@ def make_feed(
                 ahead.at(tag)
             yield tag, holder.batch(indices)
 
-    feed = Feed(produce, device, chain.per_epoch, depth, reasons)
+    feed = Feed(produce, device, chain.per_epoch, depth, plan.loader.reasons)
     feed.source, feed.sampler = holder, sampler
+    return feed
+
+
+def _loader_feed(
+    dataset: Dataset,
+    plan: LoadingPlan,
+    sampler: ResumableSampler | BlockSampler,
+    batch_size: int,
+    device: torch.device,
+    collate_fn: Callable | None,
+    context: str,
+    seed: int,
+    depth: int,
+) -> Feed:
+    """Batches from one persistent DataLoader, keyed by (epoch, index), in ``sampler``'s
+    order epoch after epoch."""
+    chain = EpochChain(sampler, batch_size)
+    keys = LoaderKeys(chain)
+    loader = build_loader(dataset, plan, batch_size, context, collate_fn, batch_sampler=keys)
+    if plan.threads is not None:  # the model trains on the CPU beside the workers
+        torch.set_num_threads(plan.threads)
+    # Batch slots the workers reuse are freed once copied out (the DataLoader pins otherwise).
+    pin = plan.loader.pin_memory and plan.loader.ring
+    # The iterator starts in the producer thread while the model is built: its workers' base
+    # seed comes from a generator of its own, never from the global one the model draws on.
+    loader.generator = torch.Generator().manual_seed(seed)
+
+    def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
+        keys.start_with(start)
+        for batch in loader:  # one iterator for the whole run: it never ends by itself
+            yield keys.tags.popleft(), settle(batch, pin)
+
+    feed = Feed(produce, device, chain.per_epoch, depth, plan.loader.reasons)
+    feed.sampler = sampler
     return feed
 
 
@@ -435,97 +366,3 @@ class BlockAhead:
         self.pool.plan_ahead(
             units(self._plan[block]), units(following), batches, batches // 2 if self.half else 0
         )
-
-
-def _device_sampler(
-    dataset: Any, holder: DevicePatches | DeviceSlots, order: str, rank: int, world: int, seed: int
-) -> ResumableSampler | BlockSampler:
-    if isinstance(holder, DeviceSlots) and order == "auto":
-        host = dataset.cache.capacity_bytes or holder.nbytes()
-        block = min(host, holder.nbytes()) // 2
-        sampler = BlockSampler(dataset, rank, world, seed, block_bytes=block)
-        sampler.reason = (
-            f"block shuffle: partitions in blocks of <= {block / 1e9:.3f} GB of cache units "
-            f"(half the smaller of the {holder.nbytes() / 1e9:.3f} GB of device slots and the "
-            f"{host / 1e9:.3f} GB host cache), shuffled within each block; the device slots "
-            "hold this block's units in one half and the next block's, uploaded a few per "
-            "batch while this one trains, in the other"
-        )
-        return sampler
-    if order == "block":
-        return make_sampler(dataset, "block", rank, world, seed)
-    sampler = ResumableSampler(len(dataset), rank, world, seed)
-    where = "on the device" if isinstance(holder, DevicePatches) else "in device slots"
-    sampler.reason += f" (the batches are cut {where})"
-    return sampler
-
-
-def share_cpus(workers: int) -> str:
-    """Give torch's intra-op threads this rank's share of the CPUs less its loader workers,
-    when the model trains on the CPU; what was done, as a reason line.  torch's default, a
-    thread per CPU in every rank, spins against the workers and whatever else runs: on 2
-    CPUs with 1 worker and other processes busy, 60 defect-segmentation steps took 58 s on 2
-    threads and 27 s on 1.  ``OMP_NUM_THREADS``, when set, wins."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return f"intra-op threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
-    cpus, ranks = usable_cpus(), local_world_size()
-    threads = max(1, cpus // ranks - workers)
-    if threads < torch.get_num_threads():
-        torch.set_num_threads(threads)
-    return (f"intra-op threads: {torch.get_num_threads()} (the model trains on the CPU: "
-            f"{cpus} CPUs, {ranks} rank(s) here, {workers} loader workers each)")  # fmt: skip
-
-
-def _loader_feed(
-    dataset: Dataset,
-    batch_size: int,
-    device: torch.device,
-    notes: list[str],
-    collate_fn: Callable | None,
-    workers: int | str,
-    preload: bool | str,
-    order: str,
-    context: str,
-    rank: int,
-    world: int,
-    seed: int,
-    log: Callable[[str], None] | None,
-    depth: int,
-) -> Feed:
-    """Batches from one persistent DataLoader over :class:`EpochIndexed` ``dataset``."""
-    sampler = make_sampler(dataset, order, rank, world, seed)
-    chain = EpochChain(sampler, batch_size)
-    keys = LoaderKeys(chain)
-    loader, plan = make_loader(
-        EpochIndexed(dataset),
-        batch_size,
-        workers=workers,
-        preload=preload,
-        collate_fn=collate_fn,
-        batch_sampler=keys,
-        context=context,
-        log=None,
-        pin_memory=device.type == "cuda",
-        # batch slots the workers reuse, freed below once copied out: only where the batch
-        # is handed on whole (collate_batch); default_collate copies it anyway
-        ring=hasattr(dataset, "batch_ring")
-        and (collate_fn or getattr(dataset, "collate", None)) is collate_batch,
-    )
-    pin = plan.pin_memory and plan.ring  # the DataLoader pins otherwise
-    plan.reasons[:0] = notes
-    if device.type == "cpu":
-        plan.reasons.append(share_cpus(plan.num_workers))
-    # The iterator starts in the producer thread while the model is built: its workers' base
-    # seed comes from a generator of its own, never from the global one the model draws on.
-    loader.generator = torch.Generator().manual_seed(seed)
-    if log:
-        log(plan.log_block())
-
-    def produce(start: Callable[[], Tag | None]) -> Iterator[tuple[Tag, Any]]:
-        keys.start = start
-        for batch in loader:  # one iterator for the whole run: it never ends by itself
-            yield keys.tags.popleft(), settle(batch, pin)
-
-    feed = Feed(produce, device, chain.per_epoch, depth, plan.reasons)
-    feed.sampler = sampler
-    return feed

@@ -23,11 +23,14 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
+
+from zarrfeed.training.data.protocols import StoreBacked
 
 log = logging.getLogger("zarrfeed.training")
 
@@ -44,11 +47,14 @@ class ResumableSampler(Sampler[int]):
     """``DistributedSampler``'s order — a permutation seeded by (seed, epoch), padded so every
     rank gets the same count, one shard per rank — that can start mid-epoch (``start``)."""
 
-    def __init__(self, size: int, rank: int = 0, world: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self, size: int, rank: int = 0, world: int = 1, seed: int = 0, note: str = ""
+    ) -> None:
+        """``note`` follows the ``reason`` (why this order was chosen)."""
         self.size, self.rank, self.world, self.seed = size, rank, world, seed
         self.per_rank = math.ceil(size / world)
         self.epoch, self.start = 0, 0
-        self.reason = "shuffled over the whole dataset (seed, epoch)"
+        self.reason = SHUFFLE_REASON + note
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
@@ -81,7 +87,9 @@ class BlockSampler(Sampler[int]):
         seed: int = 0,
         block_bytes: int | None = None,
         prefetch: bool = True,
+        reason: str | None = None,
     ) -> None:
+        """``reason``: why this order, when the chooser knows better than the default."""
         self.dataset, self.rank, self.world, self.seed = dataset, rank, world, seed
         self.items = np.asarray(dataset.sample_items(), dtype=np.int64)
         self.size = len(self.items)
@@ -93,17 +101,19 @@ class BlockSampler(Sampler[int]):
         self.epoch, self.start = 0, 0
         self._generation = 0
         self._pool: ThreadPoolExecutor | None = None
-        self.reason = (
-            f"block shuffle: partitions in blocks of <= {self.block_bytes / 1e9:.3f} GB of cache "
-            f"units (half of {dataset.cache.capacity_bytes / 1e9:.3f} GB), shuffled within each "
-            "block, next block prefetched"
-        )
+        self.reason = reason or block_reason(self.block_bytes, dataset.cache.capacity_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pool": None}
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
+
+    def take_up(self, block_bytes: int, why: str) -> None:
+        """Cut blocks of at most ``block_bytes`` from now on (a resumed run takes up the
+        smaller blocks of the run it continues); ``why`` is added to the reason."""
+        self.block_bytes = int(block_bytes)
+        self.reason += f"; {why}"
 
     def __len__(self) -> int:
         return self.per_rank - self.start
@@ -196,29 +206,74 @@ class BlockSampler(Sampler[int]):
                 log.warning("prefetch of the next block failed: %s", exc)
 
 
+SHUFFLE_REASON = "shuffled over the whole dataset (seed, epoch)"
+
+
+def block_reason(block_bytes: int, capacity_bytes: int) -> str:
+    """Why a block shuffle, in its default size: half the cache."""
+    return (
+        f"block shuffle: partitions in blocks of <= {block_bytes / 1e9:.3f} GB of cache "
+        f"units (half of {capacity_bytes / 1e9:.3f} GB), shuffled within each "
+        "block, next block prefetched"
+    )
+
+
+@dataclass(frozen=True)
+class OrderPlan:
+    """The epoch order chosen: "block" (a :class:`BlockSampler` of ``block_bytes``, None:
+    half the cache), "shuffle" (a :class:`ResumableSampler`), and why (``reason``, the
+    sampler's own)."""
+
+    kind: str
+    reason: str
+    block_bytes: int | None = None
+
+
+def choose_order(
+    mode: str, cache: tuple[bool, int, int, int] | None, name: str = "the dataset"
+) -> OrderPlan:
+    """The epoch order for ``mode`` ("block", "random", or "auto": a block shuffle when the
+    decoded arrays exceed the cache budget); ``cache``: (in RAM, decoded bytes, budget,
+    capacity) of the dataset's cache, or None when it has none."""
+    if mode not in ("auto", "block", "random"):
+        raise ValueError(f"sampler must be 'auto', 'block' or 'random', got {mode!r}")
+    beyond_ram = cache is not None and not cache[0]
+    if mode == "block" or (mode == "auto" and beyond_ram):
+        if cache is None:
+            raise ValueError(f"{name} has no cache to block-shuffle for")
+        _, nbytes, budget, capacity = cache
+        reason = block_reason(capacity // 2, capacity)
+        if mode == "auto":
+            reason += f" (auto: {nbytes / 1e9:.2f} GB decoded > {budget / 1e9:.2f} GB cache budget)"
+        return OrderPlan("block", reason)
+    note = ""
+    if mode == "auto" and cache is not None:
+        note = f" (auto: the dataset fits its {cache[2] / 1e9:.2f} GB cache)"
+    return OrderPlan("shuffle", SHUFFLE_REASON + note)
+
+
+def build_order(
+    plan: OrderPlan, dataset: Any, rank: int = 0, world: int = 1, seed: int = 0
+) -> ResumableSampler | BlockSampler:
+    """The sampler ``plan`` chose, over ``dataset``."""
+    if plan.kind == "block":
+        return BlockSampler(dataset, rank, world, seed, plan.block_bytes, reason=plan.reason)
+    note = plan.reason.removeprefix(SHUFFLE_REASON)
+    return ResumableSampler(len(dataset), rank, world, seed, note)
+
+
 def make_sampler(
     dataset: Any, mode: str = "auto", rank: int = 0, world: int = 1, seed: int = 0
 ) -> ResumableSampler | BlockSampler:
     """``mode``: "block", "random", or "auto" — block shuffle when the dataset's decoded
     arrays exceed its cache budget.  The sampler's ``reason`` says which and why."""
-    cache = getattr(dataset, "cache", None)
-    if mode not in ("auto", "block", "random"):
-        raise ValueError(f"sampler must be 'auto', 'block' or 'random', got {mode!r}")
-    beyond_ram = cache is not None and not cache.in_ram
-    if mode == "block" or (mode == "auto" and beyond_ram):
-        if cache is None:
-            raise ValueError(f"{type(dataset).__name__} has no cache to block-shuffle for")
-        sampler: ResumableSampler | BlockSampler = BlockSampler(dataset, rank, world, seed)
-        if mode == "auto":
-            sampler.reason += (
-                f" (auto: {cache.nbytes / 1e9:.2f} GB decoded > {cache.budget_bytes / 1e9:.2f} "
-                "GB cache budget)"
-            )
-        return sampler
-    sampler = ResumableSampler(len(dataset), rank, world, seed)
-    if mode == "auto" and cache is not None:
-        sampler.reason += f" (auto: the dataset fits its {cache.budget_bytes / 1e9:.2f} GB cache)"
-    return sampler
+    cache = dataset.cache if isinstance(dataset, StoreBacked) else None
+    facts = None if cache is None else (
+        cache.in_ram, cache.nbytes, cache.budget_bytes, cache.capacity_bytes
+    )  # fmt: skip
+    return build_order(
+        choose_order(mode, facts, type(dataset).__name__), dataset, rank, world, seed
+    )
 
 
 def sample_order(sampler: ResumableSampler | BlockSampler) -> dict[str, Any]:
@@ -250,8 +305,9 @@ def follow_order(
         and recorded.get("kind") == "block"
         and int(recorded["block_bytes"]) <= sampler.block_bytes
     ):
-        sampler.block_bytes = int(recorded["block_bytes"])
-        sampler.reason += f"; {_described(recorded)}, as the run it resumes"
+        sampler.take_up(
+            int(recorded["block_bytes"]), f"{_described(recorded)}, as the run it resumes"
+        )
         return None
     return (
         f"sample order: the checkpoint's run read a {_described(recorded)}, this one a "

@@ -18,7 +18,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from zarrfeed.processes import cpu_budget
-from zarrfeed.training.data.loader import LoaderPlan, batch_len, plan_loader
+from zarrfeed.training.data.base import collate_batch
+from zarrfeed.training.data.loader import batch_len, collate_of, plan_loader
+from zarrfeed.training.data.plan import LoaderPlan
+from zarrfeed.training.data.protocols import StoreBacked
 from zarrfeed.training.data.start import start_method
 
 
@@ -100,14 +103,12 @@ def autotune(
         return plan
     results = {}
     context = start_method(context, dataset)[0]
+    collate_fn = collate_of(dataset, collate_fn)
     for n in candidates or sorted({0, 1, cpus, max(1, cpus - 1)}):
         plan = plan_loader(len(dataset), batch_size, n, context=context)
+        plan.shared_batches = collate_fn is collate_batch
         loader = DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=True,
-            collate_fn=collate_fn or getattr(dataset, "collate", None),
-            **plan.kwargs(),
+            dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_fn, **plan.kwargs()
         )
         results[n] = (measure(loader, batches).samples_per_s, plan)
         del loader
@@ -126,7 +127,7 @@ def autotune(
 def _tune_key(dataset: Dataset, batch_size: int, cpus: int) -> str:
     what = [
         type(dataset).__name__,
-        getattr(getattr(dataset, "cache", None), "identity", getattr(dataset, "url", "")),
+        dataset.cache.identity if isinstance(dataset, StoreBacked) else "",
         len(dataset),
         batch_size,
         platform.node(),

@@ -1,0 +1,104 @@
+"""What a dataset and a batch source may provide, as typed protocols.
+
+The loader, the feed and the samplers work with any ``torch`` Dataset; these protocols name
+the optional abilities they use when a dataset has them (a store-backed cache, an epoch,
+batched reads, its own collate, settings applied in each worker) and what an epoch order
+provides.  They are checked with ``isinstance`` in one place each, never by probing for
+attribute names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+class CacheFacts(Protocol):
+    """What planning reads of a dataset's decoded-array cache."""
+
+    in_ram: bool  # every cached array fits the budget (else chunk by chunk, out of core)
+    nbytes: int  # decoded bytes of every cached array
+    budget_bytes: int
+    identity: str
+
+    @property
+    def capacity_bytes(self) -> int: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class StoreBacked(Protocol):
+    """A dataset over a store with a byte-budgeted cache: it can be preloaded, and a block
+    sampler can keep its working set inside the cache (sample → partition → cache units)."""
+
+    @property
+    def cache(self) -> Any: ...
+
+    def preload(self) -> None: ...
+
+    def sample_items(self) -> np.ndarray: ...
+
+    def sample_units(self, indices: np.ndarray) -> np.ndarray: ...
+
+    def partition_bytes(self) -> np.ndarray: ...
+
+
+@runtime_checkable
+class EpochAware(Protocol):
+    """A dataset whose samples depend on (seed, epoch, index): random crops, placements,
+    defects and transforms move on with the epoch."""
+
+    epoch: int
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+@runtime_checkable
+class BatchedReads(Protocol):
+    """A dataset that reads a whole batch at once (``DataLoader`` calls ``__getitems__``)."""
+
+    def __getitems__(self, indices: list[int]) -> Sequence[Any]: ...
+
+
+@runtime_checkable
+class Collating(Protocol):
+    """A dataset that names the collate function its samples need."""
+
+    collate: Callable[[Sequence[Any]], Any]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a loader worker's copy of the dataset is told when the worker starts.
+
+    ``ring_slots``: batch slots of shared memory the worker reuses (0: none; only a consumer
+    that frees them, the training feed, asks for them); ``shared_batches``: read batches
+    straight into shared memory, worth it only when the collate hands the batch on whole
+    (``collate_batch``), since ``default_collate`` copies it anyway."""
+
+    ring_slots: int = 0
+    shared_batches: bool = False
+
+
+@runtime_checkable
+class WorkerConfigurable(Protocol):
+    """A dataset that takes :class:`WorkerSettings` in each loader worker."""
+
+    def configure_worker(self, settings: WorkerSettings) -> None: ...
+
+
+@runtime_checkable
+class Ordering(Protocol):
+    """An epoch order that can start mid-epoch and says why it was chosen."""
+
+    reason: str
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def __len__(self) -> int: ...
