@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, default_collate
 from zarrfeed.assets import family_assets
 from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.families.ct import CT
-from zarrfeed.formats.discover import read_ct_rate_metadata
+from zarrfeed.families.ct.tables import read_ct_rate_metadata
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import (
     BuildOptions,
