@@ -1,7 +1,7 @@
 """The families training and discovery know: the built-in ones and those ``ZARRFEED_FAMILIES``
 names.
 
-A family of your own (``ZARRFEED_FAMILIES=my_package.mri:MRI``, several separated by
+A family of your own (``ZARRFEED_FAMILIES=my_lab.families:OCT``, several separated by
 commas) gets its training tasks listed, validated and trained like the built-in ones, and
 its discovery sees the raw folder less what every registered family claims.  Nothing is
 kept between calls: the environment is read, and the declarations imported (Python keeps

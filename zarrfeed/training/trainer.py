@@ -251,7 +251,7 @@ class TrainResult:
     loader: list[str] = field(default_factory=list)
     resumed_from: int = 0
     peak_memory_mb: float = 0.0
-    # per-class tables of the evaluation batches (metric -> class -> value; the CT-RATE
+    # per-class tables of the evaluation batches (metric -> class -> value; a multi-label
     # classifier's per-finding AUROC), after and before training
     per_class: PerClass = field(default_factory=dict)
     per_class_before: PerClass = field(default_factory=dict)
@@ -360,8 +360,8 @@ class Trainer:
 
     def _eval_batches(self, dataset: Dataset) -> list[Any]:
         """Up to ``eval_batches`` batches spread over the task's evaluation samples (its
-        ``"eval"`` split: held-out scans for the CT classifier), the same in every run; the
-        last batch is short where the split holds fewer samples (the dataset is closed
+        ``"eval"`` split: held-out samples where the task holds some out), the same in every
+        run; the last batch is short where the split holds fewer samples (the dataset is closed
         after: the batches are all that is kept of it)."""
         collate, b = self.task.collate(dataset), self.config.train.batch_size
         count = min(self.config.data.eval_batches * b, len(dataset))
