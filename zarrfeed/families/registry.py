@@ -10,7 +10,6 @@ imported modules), each time.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +29,10 @@ ENV = "ZARRFEED_FAMILIES"
 
 def load_family(reference: str) -> Family:
     """The declaration at ``module:NAME`` (``zarrfeed.families.ct:CT``)."""
-    module, sep, name = reference.partition(":")
-    declared = getattr(importlib.import_module(module), name, None) if sep else None
+    try:
+        declared = import_reference(reference)
+    except ValueError:
+        declared = None
     if not isinstance(declared, Family):
         raise ValueError(f"family: {reference!r} is not a family declaration (module:NAME)")
     return declared
