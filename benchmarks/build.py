@@ -43,7 +43,7 @@ from zarrfeed.assets import family_assets
 from zarrfeed.assets.build import BATCH, Built, materialize_partitions
 from zarrfeed.assets.metadata import partition_metadata
 from zarrfeed.families.ct import CT
-from zarrfeed.formats.discover import read_ct_rate_metadata
+from zarrfeed.families.ct.tables import read_ct_rate_metadata
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import (
     BuildOptions,

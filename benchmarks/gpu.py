@@ -47,10 +47,10 @@ import torch
 from _bench import bench
 from train import QUICK_SPACING, SPACING, build_store, steady
 
+from zarrfeed.families.ct.tasks import CTClassification
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
 from zarrfeed.training.data.device import DevicePatches, pool_layout
 from zarrfeed.training.data.reader import MIN_SLOTS
-from zarrfeed.training.tasks import CTClassification
 from zarrfeed.training.trainer import amp_policy, make_optimizer
 
 GIB = 1 << 30

@@ -28,7 +28,8 @@ from torch.utils.data import Dataset, default_collate
 from zarrfeed.assets import family_assets
 from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.families.ct import CT
-from zarrfeed.formats.discover import read_ct_rate_metadata
+from zarrfeed.families.ct.tables import read_ct_rate_metadata
+from zarrfeed.families.ct.tasks import CTClassification
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import (
     BuildOptions,
@@ -38,7 +39,6 @@ from zarrfeed.resources import (
 )
 from zarrfeed.samples import make_ct_rate
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
-from zarrfeed.training.tasks import CTClassification
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.hu import csv_rescale
 

@@ -2,9 +2,10 @@
 raw folder's ``mri/``.
 
 This one file is its whole declaration — its reader, its transform, its stored stages with
-their checks, its dataset and its training reader — and nothing in zarrfeed names it:
-``tests/test_new_family.py`` shows zarrfeed discovering, building, checking, rebuilding,
-listing and reading it from this declaration alone.
+their checks, its dataset, its training reader and its training task with its own config
+section — and nothing in zarrfeed names it: ``tests/test_new_family.py`` shows zarrfeed
+discovering, building, checking, rebuilding, listing, reading and training it from this
+declaration alone (``ZARRFEED_FAMILIES=mri_family:MRI`` registers its task).
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.nn import functional as F
 
 from zarrfeed.errors import InputError
 from zarrfeed.families import Family, Inputs, RawSource, Reader, Stage, Step
+from zarrfeed.formats import Tree
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import Scan, raw_origin
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.store.keys import sanitise_key
+from zarrfeed.training.config import DataSection
 from zarrfeed.training.data.base import StoreDataset
+from zarrfeed.training.tasks import Batch, Task
 
 FOLDER = "mri"  # where its raw items are, under the raw folder
 ZYX = ("z", "y", "x")
@@ -39,11 +45,15 @@ class MRISettings(BaseModel):
 # -- reader and transform --------------------------------------------------------------------
 
 
-def scan_mri(root: str) -> Scan:
-    """Key → catalog entry of every ``mri/*.npy`` under ``root`` (nothing is read)."""
+def scan_mri(root: str, tree: Tree) -> Scan:
+    """Key → catalog entry of every ``mri/*.npy`` of the walk of ``root`` (nothing is
+    read)."""
     origin, found = raw_origin(root), Scan()
     found.skipped = {}
-    for path in sorted(Path(root, FOLDER).glob("*.npy")):
+    for name in tree.get(Path(root, FOLDER), []):
+        if not name.endswith(".npy"):
+            continue
+        path = Path(root, FOLDER, name)
         st = os.stat(path)
         key = sanitise_key(path.stem)
         found[key] = RawItem(key, "mri", str(path), origin, st.st_size, st.st_mtime)
@@ -146,6 +156,7 @@ MRI = Family(
     settings=MRISettings,
     stages=(Stage(MRI_VOLUME, volume_step), Stage(MRI_MASK, mask_step)),
     readers=(Reader("mri-volumes", "mri_family:MRIVolumes"),),
+    tasks=("mri_family:TissueSegmentation",),
 )
 
 
@@ -153,17 +164,68 @@ MRI = Family(
 
 
 class MRIVolumes(StoreDataset):
-    """Whole normalised volumes of the MRI dataset's manifest, one sample each."""
+    """Whole normalised volumes of the MRI dataset's manifest and their tissue masks, one
+    sample each."""
 
     dataset, asset = MRI.name, MRI_VOLUME.path
 
-    def __init__(self, store: Any, cache_gb: float = 0.1, seed: int = 0) -> None:
-        super().__init__(store, cache_gb, seed)
+    def __init__(
+        self,
+        store: Any,
+        cache_gb: float = 0.1,
+        seed: int = 0,
+        dataset_version: str | None = None,
+    ) -> None:
+        super().__init__(store, cache_gb, seed, dataset_version=dataset_version)
         self.items = np.arange(len(self.keys), dtype=np.uint32)
+        self.mask_partitions = self.manifest_assets[MRI_MASK.path]["partitions"]
+
+    def sources(self) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
+        return {**super().sources(), MRI_MASK.path: (self.mask_partitions, ["mask"])}
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.items)
 
     def load(self, index: int) -> dict[str, Any]:
         volume = np.array(self.array(index, "volume"))
-        return {"image": torch.from_numpy(volume)[None], "item": index}
+        mask = np.array(self.cache.array(MRI_MASK.path, index, "mask"))
+        return {
+            "image": torch.from_numpy(volume)[None],
+            "mask": torch.from_numpy(mask)[None],
+            "item": index,
+        }
+
+
+# -- training task -----------------------------------------------------------------------------
+
+
+class TissueData(DataSection):
+    """What tissue segmentation reads: whole volumes, or the first ``volumes`` of them."""
+
+    volumes: int = Field(0, ge=0, description="volumes to train on (0: every one)")
+
+
+class TissueSegmentation(Task):
+    """Tissue segmentation: the stored tissue mask of each MRI volume from its voxels."""
+
+    name, family, metric, label = "mri_tissue", MRI, "iou", "IoU"
+    Data = TissueData
+
+    def dataset(self, split: str | None = None) -> Any:
+        d = self.config.data
+        ds = MRIVolumes(self.config.store, d.cache_gb, self.config.seed, d.dataset_version)
+        if d.volumes:
+            ds.items = ds.items[: d.volumes]
+        return ds
+
+    def model(self, dataset: Any) -> nn.Module:
+        w = self.config.train.width
+        return nn.Sequential(nn.Conv3d(1, w, 3, padding=1), nn.ReLU(), nn.Conv3d(w, 1, 1))
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logits = model(batch["image"].float()).float()
+        target = batch["mask"].float()
+        loss = F.binary_cross_entropy_with_logits(logits, target)
+        pred, truth = logits > 0, target > 0
+        iou = (pred & truth).sum() / (pred | truth).sum().clamp(min=1)
+        return loss, {"iou": iou}

@@ -21,8 +21,8 @@ from PIL import Image
 from pydicom.data import get_testdata_file
 
 from zarrfeed.errors import InputError
+from zarrfeed.families.spike.discover import discover_spike_sequences
 from zarrfeed.formats import (
-    discover_spike_sequences,
     read_array_volume,
     read_dat,
     read_dicom_series,
@@ -338,7 +338,7 @@ def test_a_malformed_metadata_row_skips_its_scan_not_the_discovery(tmp_path):
     """One CT-RATE metadata row with a rescale that is no number (or slope 0, or NaN) leaves
     its scan out, reported with the row's values, and every other scan is still found with
     its own CSV claim."""
-    from zarrfeed.sources.raw import scan_ct
+    from zarrfeed.families.ct.discover import scan_ct
 
     for name in ("x_1", "y_1"):
         write_nifti(tmp_path / f"{name}.nii.gz", np.zeros((4, 5, 6), np.int16), (1.0, 1.0, 1.0))

@@ -41,7 +41,7 @@ def declared() -> tuple[dict[str, Path], dict[str, Path]]:
     names: dict[str, Path] = {}
     for component in project_families():
         family = component.declaration
-        home = module_file(component.family.partition(":")[0])
+        home = module_file(family.settings.__module__)  # the module that declares it
         own = [family.partitions, family.raw.asset, family.dataset_asset, family.dataset_path,
                family.build_job, family.dataset_job, family.nightly, family.discovery]  # fmt: skip
         for spec in family.assets:
@@ -52,8 +52,8 @@ def declared() -> tuple[dict[str, Path], dict[str, Path]]:
             names[family.hub.labels] = home
         facts |= dict.fromkeys(own, home)
         names |= {t.name: home for t in (*family.tables, *family.extras)}
-    tasks = module_file("zarrfeed.training.tasks")
-    facts |= {n: tasks for t in TASK_TYPES for n in (t, model_asset_name(t))}
+    for t, task in TASK_TYPES.items():  # each in its family's tasks module
+        facts |= dict.fromkeys((t, model_asset_name(t)), module_file(task.__module__))
     paths = module_file("zarrfeed.defaults")
     facts |= {v: paths for v in (defaults.STORE, defaults.RAW, defaults.MODELS)}
     return facts, names

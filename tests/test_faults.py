@@ -245,7 +245,7 @@ def test_a_sample_whose_stages_come_from_two_builds_stays_out_of_the_dataset(
     def fails(*args, **kwargs):
         raise MemoryError("the sparse stage ran out of memory")
 
-    monkeypatch.setattr("zarrfeed.families.ct.window_occupancy", fails)
+    monkeypatch.setattr("zarrfeed.families.ct.family.window_occupancy", fails)
     assert not build(resources, instance, "ct", key, raise_on_error=False).success
     assert store.commit_record("ct/windows", key)["arrays"]["lung"]["shape"] != old_shape
     materialize([ct_dataset], instance, resources=resources, raise_on_error=False)

@@ -113,17 +113,19 @@ def test_a_set_mixing_8_and_16_bit_images_fails_naming_both(tmp_path):
 def test_a_hidden_file_is_listed_among_the_skipped_entries(tmp_path):
     """``..dots.nii.gz`` starts with '.': hidden by Unix convention, so left out, but no
     longer silently: every entry discovery leaves out is listed with its reason."""
-    from zarrfeed.formats import discover_ct, write_nifti
+    from zarrfeed.families.ct.discover import discover_ct
+    from zarrfeed.formats import TreeCache, walk_tree, write_nifti
 
     volume = np.zeros((4, 8, 8), np.int16)
     write_nifti(tmp_path / "..dots.nii.gz", volume, (1.0, 1.0, 1.0))
     write_nifti(tmp_path / "seen.nii.gz", volume, (1.0, 1.0, 1.0))
     (tmp_path / ".cache").mkdir()
-    found = discover_ct(tmp_path)
+    cache = TreeCache(settled_ns=0)  # every mtime old enough to trust: listings are reused
+    found = discover_ct(tmp_path, walk_tree(tmp_path, cache))
     assert found.keys() == ["seen"]
     assert found.skipped[str(tmp_path / "..dots.nii.gz")].startswith("hidden")
     assert "starts with '.'" in found.skipped[str(tmp_path / ".cache")]
-    again = discover_ct(tmp_path)  # listed again from the walk's cache: still reported
+    again = discover_ct(tmp_path, walk_tree(tmp_path, cache))  # from the cache: still reported
     assert again.skipped == found.skipped
 
 
@@ -131,9 +133,10 @@ def test_a_linked_scan_is_read_at_its_target_and_recorded(tmp_path, monkeypatch)
     """A file link to a scan outside the raw folder was followed and built with only the
     link in its provenance: the target and its own hash are recorded; under
     ZARRFEED_RAW_LINKS=inside discovery skips it and a build refuses it, naming both."""
-    from zarrfeed.formats import discover_ct, write_nifti
+    from zarrfeed.families.ct.discover import discover_ct, scan_ct
+    from zarrfeed.formats import write_nifti
     from zarrfeed.sources.catalog import RawItem
-    from zarrfeed.sources.raw import raw_origin, scan_ct, source_links
+    from zarrfeed.sources.raw import raw_origin, source_links
     from zarrfeed.store.provenance import file_sha256
 
     raw, elsewhere = tmp_path / "raw", tmp_path / "elsewhere"

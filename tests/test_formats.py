@@ -1,3 +1,4 @@
+import dataclasses
 import importlib.util
 import json
 import zipfile
@@ -11,11 +12,15 @@ from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut
 
 from zarrfeed.errors import InputError
+from zarrfeed.families.ct import CT
+from zarrfeed.families.ct import tables as ct_rate
+from zarrfeed.families.ct.discover import discover_ct
+from zarrfeed.families.images import IMAGES
+from zarrfeed.families.images.discover import discover_image_sets
+from zarrfeed.families.registry import family_tree
+from zarrfeed.families.spike.discover import discover_spike_sequences
 from zarrfeed.formats import dicom as dicom_module
 from zarrfeed.formats import (
-    discover_ct,
-    discover_image_sets,
-    discover_spike_sequences,
     read_array_volume,
     read_ct,
     read_dicom_series,
@@ -462,7 +467,7 @@ def make_raw_tree(root: Path) -> None:
 
 def test_discovery_finds_every_ct_kind_and_isolates_collisions(tmp_path):
     make_raw_tree(tmp_path)
-    found = discover_ct(tmp_path)
+    found = discover_ct(tmp_path, family_tree(CT, tmp_path))
     kinds = {k: (item.kind, len(item.files)) for k, item in found.items.items()}
     assert kinds == {
         "dicom_p1_CT5N": ("dicom", 5),
@@ -507,10 +512,45 @@ def test_spike_and_image_collisions_are_reported_not_dropped(tmp_path):
     spikes = discover_spike_sequences(tmp_path)
     assert spikes.items == {} and list(spikes.collisions) == ["train_GOPR01"]
     assert [p.parts[-3] for p in spikes.collisions["train_GOPR01"]] == ["spikes_a", "spikes_b"]
-    images = discover_image_sets(tmp_path)
+    images = discover_image_sets(tmp_path, family_tree(IMAGES, tmp_path))  # no spike frames
     assert list(images.collisions) == ["img_a"] and "img_a" not in images.items
     with pytest.raises(InputError, match=r"img a.*img_a"):
         images.get("img_a")
+
+
+def test_what_one_family_claims_no_other_family_discovers(tmp_path):
+    """A spike dataset's frames and arrays are the spike family's: neither the image nor the
+    CT discovery takes them.  The rule is the walk's, not the spike family's: any family's
+    claim hides its folders from every other family, and from none without the claim."""
+    from zarrfeed.families.registry import scan_raw
+    from zarrfeed.families.spike import SPIKE
+
+    seq = tmp_path / "spikes" / "train" / "GOPR01"
+    (seq / "spike").mkdir(parents=True)
+    (tmp_path / "spikes" / "dataset.json").write_text(json.dumps(
+        {"height": 8, "width": 8, "layouts": {"spike": {"layout": "packed", "frames": 1}}}
+    ))  # fmt: skip
+    (seq / "spike" / "000000.dat").write_bytes(bytes(8))
+    for kind in ("blur", "sharp"):
+        (seq / kind).mkdir()
+        write_image(seq / kind / "000000.png", np.zeros((8, 8, 3), np.uint8))
+    np.save(seq / "flow.npy", np.zeros((2, 2, 2), np.int16))  # no CT volume
+    (tmp_path / "photos").mkdir()
+    write_image(tmp_path / "photos" / "0.png", np.zeros((4, 4), np.uint8))
+    (tmp_path / "held").mkdir()
+    np.save(tmp_path / "held" / "vol.npy", np.zeros((2, 2, 2), np.int16))
+    assert sorted(scan_raw(CT, tmp_path)) == ["vol"]
+    assert sorted(scan_raw(IMAGES, tmp_path)) == ["photos"]
+    assert sorted(scan_raw(SPIKE, tmp_path)) == ["train_GOPR01"]
+    unclaimed = discover_ct(tmp_path)  # the bare walk: every family's files
+    assert sorted(unclaimed.items) == ["flow", "vol"]
+    claimer = dataclasses.replace(
+        IMAGES,
+        name="claimer",
+        raw=dataclasses.replace(IMAGES.raw, claims=lambda tree: [tmp_path / "held"]),
+    )
+    assert discover_ct(tmp_path, family_tree(CT, tmp_path, others=[claimer])).keys() == ["flow"]
+    assert discover_ct(tmp_path, family_tree(CT, tmp_path, others=[])).keys() == ["flow", "vol"]
 
 
 def test_discovery_opens_one_file_per_folder_outside_dicom(tmp_path, monkeypatch):
@@ -600,7 +640,6 @@ def test_ct_rate_tables_saved_with_a_byte_order_mark_are_read(tmp_path):
     """Spreadsheet programs save "CSV UTF-8" with a byte order mark before the first column
     name: the tables are still found by their VolumeName column, and their text is UTF-8
     whatever the locale."""
-    from zarrfeed.formats import discover
 
     def table(name: str, header: str, row: str) -> None:
         (tmp_path / name).write_bytes(f"\ufeff{header}\n{row}\n".encode())
@@ -608,10 +647,10 @@ def test_ct_rate_tables_saved_with_a_byte_order_mark_are_read(tmp_path):
     table("train_metadata.csv", "VolumeName,RescaleSlope,RescaleIntercept", "a_1.nii.gz,1,-1024")
     table("train_labels.csv", "VolumeName,Emphysema", "a_1.nii.gz,1")
     table("train_reports.csv", "VolumeName,Findings_EN,Impressions_EN", "a_1.nii.gz,5 mm °,None")
-    rows = discover.read_ct_rate_metadata(tmp_path)
+    rows = ct_rate.read_ct_rate_metadata(tmp_path)
     assert rows["a_1"]["RescaleIntercept"] == "-1024"
-    assert discover.read_ct_rate_labels(tmp_path) == (["Emphysema"], {"a_1": [1]})
-    assert discover.read_ct_rate_reports(tmp_path) == {"a_1": "5 mm °\n\nNone"}
+    assert ct_rate.read_ct_rate_labels(tmp_path) == (["Emphysema"], {"a_1": [1]})
+    assert ct_rate.read_ct_rate_reports(tmp_path) == {"a_1": "5 mm °\n\nNone"}
 
 
 def test_deflated_series_reads_like_its_plain_slices(tmp_path):
@@ -685,8 +724,6 @@ def test_label_rows_hold_a_0_or_1_in_every_column(tmp_path, row, found):
     """A short row, a probability or an "uncertain" -1 is no 0/1 label: the label CSV fails
     naming itself and the scan, instead of a TypeError, a probability truncated to 0, or a
     -1 that the uint8 label table cannot hold."""
-    from zarrfeed.formats import discover
-
     (tmp_path / "train_labels.csv").write_text(f"VolumeName,A,B\na_1.nii.gz,1,0\n{row}\n")
     with pytest.raises(InputError, match=rf"train_labels\.csv.*0/1 labels.*{found}"):
-        discover.read_ct_rate_labels(tmp_path)
+        ct_rate.read_ct_rate_labels(tmp_path)

@@ -21,7 +21,7 @@ from zarrfeed.datasets import read_manifest
 from zarrfeed.errors import InputError
 from zarrfeed.families import Inputs
 from zarrfeed.families.ct import CT, CTSettings
-from zarrfeed.formats.discover import read_ct_rate_labels
+from zarrfeed.families.ct.tables import read_ct_rate_labels
 from zarrfeed.resources import HuggingFaceResource, RawFolderResource, ZarrStoreResource
 from zarrfeed.sources import CTRateHub, HubError
 from zarrfeed.sources.catalog import RawCatalog

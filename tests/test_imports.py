@@ -170,7 +170,7 @@ def test_the_cli_and_the_code_location_start_without_torch():
     code = (
         "import sys, zarrfeed.cli, zarrfeed.definitions, zarrfeed.training.config\n"
         "zarrfeed.definitions.defs().get_repository_def()  # what a run process loads\n"
-        "zarrfeed.training.config.TrainConfig(task='ct_classifier')\n"
+        "zarrfeed.training.config.TrainConfig.model_validate({'task': 'ct_classifier'})\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer, make_loader\n"
         "import zarrfeed.training as t\n"

@@ -10,10 +10,11 @@ import pytest
 from dagster._core.definitions.metadata import MetadataValue
 
 from zarrfeed.commands.demo import Row, _score, print_summary
+from zarrfeed.families.ct.tasks import CTClassification
 from zarrfeed.training.data.ct import CTPatchDataset, held_out
 from zarrfeed.training.pipes import learned_check
-from zarrfeed.training.tasks import TASK_TYPES, CTClassification, Task
 from zarrfeed.training.result import TrainResult
+from zarrfeed.training.tasks import TASK_TYPES, Task
 
 
 def result(task: str, before: dict, after: dict) -> TrainResult:

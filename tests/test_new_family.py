@@ -2,7 +2,8 @@
 the built-in ones: its component (YAML attributes, as in ``zarrfeed/defs``) gives a real
 Dagster instance a discovery sensor that finds its raw items, a build job whose blocking
 checks hold bad data back, a dataset manifest, a nightly schedule that rebuilds exactly what
-a changed setting makes stale, and a training reader over what was built."""
+a changed setting makes stale, a training reader over what was built, and a training task
+that ``zarrfeed.training.train`` trains once ``ZARRFEED_FAMILIES`` registers the family."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from torch.utils.data import DataLoader
 
 from zarrfeed.components import FamilyComponent
 from zarrfeed.datasets import read_manifest
+from zarrfeed.errors import ConfigError
 from zarrfeed.resources import BuildOptions, RawFolderResource, ZarrStoreResource
+from zarrfeed.training import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GOOD, EMPTY = ["a", "b", "c"], "empty"
 SHAPE = (12, 16, 16)
@@ -37,7 +42,7 @@ def expected_volume(raw: Path, key: str, percentile: float) -> np.ndarray:
 
 @pytest.mark.slow
 def test_a_family_declared_in_one_file_is_discovered_built_checked_listed_read_and_rebuilt(
-    tmp_path,
+    tmp_path, monkeypatch
 ):
     raw = tmp_path / "raw"
     (raw / "mri").mkdir(parents=True)
@@ -94,6 +99,28 @@ def test_a_family_declared_in_one_file_is_discovered_built_checked_listed_read_a
         for row, key in enumerate(GOOD):
             expected = store.read_array(MRI_VOLUME.path, key, "volume")
             np.testing.assert_array_equal(batch["image"][row, 0].numpy(), expected)
+            mask = store.read_array(MRI_MASK.path, key, "mask")
+            np.testing.assert_array_equal(batch["mask"][row, 0].numpy(), mask)
+
+        # Trained by its own task through the public entry point, once registered: the
+        # config is the task's own model, whose data section is the task's.
+        with pytest.raises(ConfigError, match="task: no task 'mri_tissue'"):
+            TrainConfig.load(task="mri_tissue")
+        monkeypatch.setenv("ZARRFEED_FAMILIES", "mri_family:MRI")
+        with pytest.raises(ConfigError, match=r"data\.clip_len: unknown key .*volumes"):
+            TrainConfig.load(task="mri_tissue", data={"clip_len": 3})
+        config = TrainConfig.load(
+            task="mri_tissue",
+            store=store.url,
+            out=str(tmp_path / "models"),
+            dataloader={"workers": "0"},
+            train={"steps": 40, "batch_size": 3, "lr": 0.05, "width": 4, "log_every": 10},
+        )
+        assert type(config.data).__name__ == "TissueData"
+        result = train(config, log=None)
+        assert result.task == "mri_tissue" and Path(result.checkpoint).is_file()
+        assert result.eval_after["loss"] < result.eval_before["loss"]
+        assert result.eval_after["iou"] > result.eval_before["iou"]
 
         # Rebuilt nightly when its setting changes, and only then.
         def nightly(definitions: dg.Definitions) -> dict[str, str]:
@@ -134,3 +161,15 @@ def test_a_family_declared_in_one_file_is_discovered_built_checked_listed_read_a
         for key in GOOD:
             stored = store.read_array(MRI_VOLUME.path, key, "volume")
             np.testing.assert_array_equal(stored, expected_volume(raw, key, 95.0))
+
+
+def test_the_family_is_named_by_no_zarrfeed_module_and_touches_three_files_at_most():
+    """Adding the family took its declaration and its test: nothing in zarrfeed (nor its
+    configs) names it."""
+    texts = [*ROOT.glob("zarrfeed/**/*.py"), *ROOT.glob("zarrfeed/**/*.yaml"),
+             *ROOT.glob("configs/*"), *ROOT.glob("tests/*.py")]  # fmt: skip
+    naming = sorted(
+        p.relative_to(ROOT).as_posix() for p in texts if "mri_family" in p.read_text().lower()
+    )
+    assert naming == ["tests/mri_family.py", "tests/test_new_family.py"]
+    assert len(naming) <= 3

@@ -10,7 +10,8 @@ from graph import FAMILIES, requested, schedule
 from graph import sensor as sensor_of
 from test_benchmarks import bench_names
 
-from zarrfeed.formats import discover
+from zarrfeed.families.ct import tables as ct_rate
+from zarrfeed.formats import TreeCache, walk
 from zarrfeed.jobs import queue
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import LocalBackend, ZarrStore
@@ -24,14 +25,14 @@ def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
         (tmp_path / f"f{i}").mkdir()
         (tmp_path / f"f{i}" / "a.nii.gz").touch()
     listed = []
-    real = discover._list
-    monkeypatch.setattr(discover, "_list", lambda folder: listed.append(folder) or real(folder))
-    monkeypatch.setattr(discover, "_SETTLED_NS", 0)  # every mtime is old enough to trust
-    first = discover.walk_tree(tmp_path)
+    real = walk._list
+    monkeypatch.setattr(walk, "_list", lambda folder: listed.append(folder) or real(folder))
+    cache = TreeCache(settled_ns=0)  # every mtime is old enough to trust
+    first = walk.walk_tree(tmp_path, cache)
     assert len(listed) == 4
     (tmp_path / "f1" / "b.nii.gz").touch()  # f1's mtime changes; the others' do not
     listed.clear()
-    second = discover.walk_tree(tmp_path)
+    second = walk.walk_tree(tmp_path, cache)
     assert [p.rsplit("/", 1)[-1] for p in listed] == ["f1"]
     assert second[tmp_path / "f1"] == ["a.nii.gz", "b.nii.gz"]
     assert {k: v for k, v in second.items() if k.name != "f1"} == {
@@ -39,20 +40,20 @@ def test_a_settled_folder_is_not_listed_again(tmp_path, monkeypatch):
     }
 
 
-def test_a_link_whose_target_appears_is_found_in_a_settled_folder(tmp_path, monkeypatch):
+def test_a_link_whose_target_appears_is_found_in_a_settled_folder(tmp_path):
     """A link into storage that is not mounted yet dangles; when its target appears, the
     folder holding the link does not change (its mtime neither): a folder with broken
     entries is listed again on every walk, not kept as it was."""
-    monkeypatch.setattr(discover, "_SETTLED_NS", 0)
+    cache = TreeCache(settled_ns=0)
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "a.nii.gz").symlink_to(tmp_path / "store" / "a.nii.gz")
-    first = discover.walk_tree(tmp_path / "raw")
+    first = walk.walk_tree(tmp_path / "raw", cache)
     assert first[tmp_path / "raw"] == [] and list(first.skipped) == [
         str(tmp_path / "raw" / "a.nii.gz")
     ]
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / "a.nii.gz").touch()
-    second = discover.walk_tree(tmp_path / "raw")
+    second = walk.walk_tree(tmp_path / "raw", cache)
     assert second[tmp_path / "raw"] == ["a.nii.gz"] and not second.skipped
 
 
@@ -63,7 +64,7 @@ def test_a_linked_folder_is_reported_not_dropped_silently(tmp_path):
     (tmp_path / "data" / "ct" / "a.nii.gz").touch()
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "ct").symlink_to(tmp_path / "data" / "ct")
-    tree = discover.walk_tree(tmp_path / "raw")
+    tree = walk.walk_tree(tmp_path / "raw")
     assert list(tree) == [tmp_path / "raw"]
     why = tree.skipped[str(tmp_path / "raw" / "ct")]
     assert "link to a folder" in why and str(tmp_path / "data" / "ct") in why
@@ -75,10 +76,11 @@ def test_the_walk_lists_folders_in_path_order_without_a_global_sort(tmp_path):
     for folder in ["a/x/deep", "a-b", "a.c/y", "B", "a/w"]:
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "f.nii").touch()
-    tree = discover.walk_tree(tmp_path)
+    cache = TreeCache()
+    tree = walk.walk_tree(tmp_path, cache)
     order = [p.relative_to(tmp_path).parts for p in tree]
     assert order == sorted(order) and len(order) == 9
-    assert list(discover.walk_tree(tmp_path)) == list(tree)  # the cached listings too
+    assert list(walk.walk_tree(tmp_path, cache)) == list(tree)  # the cached listings too
 
 
 def test_the_metadata_csv_reads_as_dictreader_would(tmp_path):
@@ -98,9 +100,9 @@ def test_the_metadata_csv_reads_as_dictreader_would(tmp_path):
     path = tmp_path / "train_metadata.csv"
     path.write_text(text)
     expected = {
-        discover.ct_stem(row["VolumeName"]): row for row in csv.DictReader(io.StringIO(text))
+        ct_rate.ct_stem(row["VolumeName"]): row for row in csv.DictReader(io.StringIO(text))
     }
-    assert discover.read_ct_rate_metadata(tmp_path) == expected
+    assert ct_rate.read_ct_rate_metadata(tmp_path) == expected
     assert list(expected) == ["train_1_a_1", "train_2_a_1", "train_3_a_1"]
     assert expected["train_2_a_1"]["Note"] is None and expected["train_3_a_1"]["Note"] == "y"
 
@@ -108,8 +110,8 @@ def test_the_metadata_csv_reads_as_dictreader_would(tmp_path):
 def test_an_unchanged_index_is_parsed_once_per_process(tmp_path, monkeypatch):
     backend = LocalBackend(tmp_path)
     catalog = RawCatalog(backend, "ct")
+    from zarrfeed.families.ct.discover import scan_ct
     from zarrfeed.samples import make_sample_data
-    from zarrfeed.sources.raw import scan_ct
 
     make_sample_data(tmp_path / "raw", scans=2, sequences=1, images=1)
     catalog.update("raw:x", scan_ct(tmp_path / "raw"))

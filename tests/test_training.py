@@ -254,11 +254,12 @@ def test_a_task_s_own_defaults_lie_under_whatever_is_given():
     from graph import model_assets as every_model
 
     model_assets = every_model()
-    defect = TrainConfig(task="defect_segmentation").train
+    defect = TrainConfig.model_validate({"task": "defect_segmentation"}).train
     assert (defect.steps, defect.batch_size, defect.lr) == (100, 8, 0.003)
     given = TrainConfig.model_validate({"task": "defect_segmentation", "train": {"steps": 5}})
     assert (given.train.steps, given.train.batch_size) == (5, 8)
-    assert TrainConfig(task="ct_classifier").train.steps == TrainConfig().train.steps == 40
+    ct_steps = TrainConfig.model_validate({"task": "ct_classifier"}).train.steps
+    assert ct_steps == TrainConfig.model_validate({}).train.steps == 40
     steps = {
         a.key.to_user_string(): a.op.config_schema.config_type.fields["train"]
         .config_type.fields["steps"]

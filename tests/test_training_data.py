@@ -15,7 +15,7 @@ from procs import descendants, running
 from torch.utils.data import DataLoader
 
 from zarrfeed.errors import StoreError
-from zarrfeed.formats.discover import read_ct_rate_labels
+from zarrfeed.families.ct.tables import read_ct_rate_labels
 from zarrfeed.store import ZarrStore
 from zarrfeed.training import (
     CTPatchDataset,

@@ -14,7 +14,7 @@ import numpy as np
 from zarrfeed.assets.build import IO_POOL, OWNERS
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.families import Family
-from zarrfeed.formats.discover import (
+from zarrfeed.families.ct.tables import (
     UNKNOWN_LABEL,
     read_ct_rate_labels,
     read_ct_rate_metadata,

@@ -38,7 +38,7 @@ def dagster_config(defaults: pydantic.BaseModel, name: str) -> type[dg.Config]:
     model = type(defaults)
     fields: dict[str, Any] = {}
     for field_name, info in model.model_fields.items():
-        if model is TrainConfig and field_name in FROM_ASSET:
+        if issubclass(model, TrainConfig) and field_name in FROM_ASSET:
             continue
         kind, value = info.annotation, getattr(defaults, field_name)
         if isinstance(value, pydantic.BaseModel):
@@ -52,7 +52,7 @@ def dagster_config(defaults: pydantic.BaseModel, name: str) -> type[dg.Config]:
 def model_asset(task: str) -> dg.AssetsDefinition:
     family = TASK_TYPES[task].family
     dataset = dg.AssetKey(family.dataset_asset)
-    defaults = TrainConfig(task=task)
+    defaults = TrainConfig.model_validate({"task": task})
     run_config = dagster_config(defaults, f"TrainRun_{task}")
     # A changed default recipe marks the model stale in the UI, like a changed trainer.
     recipe = hashlib.sha256(defaults.model_dump_json(exclude=FROM_ASSET).encode()).hexdigest()

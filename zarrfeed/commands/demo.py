@@ -102,7 +102,8 @@ def demo_training() -> dict[str, Any]:
     """Run config of the demo's training: each task's defaults, but a narrower occupancy
     autoencoder (64³ grids at width 16 take ~1 s a step on two cores, and the demo should
     stay around two minutes)."""
-    from zarrfeed.training.tasks import SparseAutoencoder, model_asset_name
+    from zarrfeed.families.ct.tasks import SparseAutoencoder
+    from zarrfeed.training.tasks import model_asset_name
 
     asset = model_asset_name(SparseAutoencoder.name)
     return {"ops": {asset: {"config": {"train": {"width": 8}}}}}

@@ -9,7 +9,6 @@ declare it stale, and the next nightly run rebuilds their partitions.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,19 +18,11 @@ from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.assets.family import family_assets
 from zarrfeed.assets.hub import hub_asset
 from zarrfeed.families import Family
+from zarrfeed.families.registry import load_family
 from zarrfeed.jobs.build import build_job, dataset_job, hub_job
 from zarrfeed.jobs.discovery import discovery_sensor
 from zarrfeed.jobs.nightly import nightly_schedule
 from zarrfeed.resources import HuggingFaceResource
-
-
-def load_family(reference: str) -> Family:
-    """The declaration at ``module:NAME`` (``zarrfeed.families.ct:CT``)."""
-    module, sep, name = reference.partition(":")
-    declared = getattr(importlib.import_module(module), name, None) if sep else None
-    if not isinstance(declared, Family):
-        raise ValueError(f"family: {reference!r} is not a family declaration (module:NAME)")
-    return declared
 
 
 def family_defs(family: Family, settings: Mapping[str, Any] | None = None) -> dg.Definitions:

@@ -11,7 +11,9 @@ A :class:`Family` (CT scans, spike sequences, image sets, or one of your own) na
   builder of one partition;
 - its dataset: the manifest of the keys complete in every stage, the consolidated
   :class:`Table` s training reads, and :class:`Extra` tables from outside the stores;
-- its training readers (:class:`Reader`), and optionally a hub source of raw items.
+- its training readers (:class:`Reader`) and training tasks (``module:Class`` of each,
+  found by training through :mod:`zarrfeed.families.registry`), and optionally a hub
+  source of raw items.
 
 The Dagster assets, checks, dependencies, jobs, discovery sensors and nightly schedules
 (``zarrfeed.assets``, ``zarrfeed.jobs``, ``zarrfeed.components``), the manifests, the CLI's
@@ -29,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from zarrfeed.families.stages import Inputs, Step
+from zarrfeed.formats.walk import Tree
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import Scan, source_identity
 from zarrfeed.store import ZarrStore
@@ -48,7 +51,9 @@ class RawSource:
     items: str  # what its items are, in a sentence ("CT scans")
     description: str
     kinds: frozenset[str]  # the formats it reads (kinds in the UI)
-    scan: Callable[[str], Scan]  # absolute raw root -> key -> catalog entry, no file read
+    # (absolute raw root, its walk less the folders other families claim) -> key -> catalog
+    # entry, no file read
+    scan: Callable[[str, Tree], Scan]
     files: Callable[[RawItem], list[Path]]  # every local file one item reads, stable order
     describe: Callable[[RawItem], RawFacts]
     readable: Check  # the raw-ingest asset's blocking check
@@ -56,6 +61,9 @@ class RawSource:
     # Peak memory building one item takes per byte of the raw item (its decoded arrays and
     # their intermediates): how many items a batched run builds at once.
     memory_per_byte: float = 16.0
+    # The folders of a walk this family owns with everything under them (a spike dataset's
+    # frames are no image sets): other families' discovery does not see them.
+    claims: Callable[[Tree], list[Path]] = lambda tree: []
 
 
 @dataclass(frozen=True)
@@ -112,8 +120,19 @@ class Reader:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self) -> Any:
-        module, _, name = self.dataset.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return import_reference(self.dataset)
+
+
+def import_reference(reference: str) -> Any:
+    """What ``module:NAME`` names; an error naming the reference when there is no such
+    thing."""
+    module, sep, name = reference.partition(":")
+    if not (sep and module and name):
+        raise ValueError(f"{reference!r}: expected module:NAME")
+    found = getattr(importlib.import_module(module), name, None)
+    if found is None:
+        raise ValueError(f"{reference!r}: {module} has no {name}")
+    return found
 
 
 @dataclass(frozen=True, eq=False)  # one object per family: compared and hashed by identity
@@ -130,6 +149,9 @@ class Family:
     dataset_version: str = "1"  # bump when the manifest asset's output changes
     hub: HubSource | None = None
     readers: tuple[Reader, ...] = ()
+    # Its training tasks by import path (``module:Class``): the declaration imports no
+    # training code, and training names no family.
+    tasks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Literal
 
 import numpy as np
@@ -15,6 +15,17 @@ from zarrfeed.formats.volume import Volume
 from zarrfeed.transforms import ct, hu
 
 CTKind = Literal["nifti", "dicom", "npy", "npz"]
+CT_SUFFIXES = (".nii.gz", ".nii")
+ARRAY_SUFFIXES = (".npy", ".npz")
+
+
+def ct_stem(path: PurePath | str) -> str:
+    """The file name without its CT suffix (``.nii.gz`` is one suffix, in any case)."""
+    name = path.name if isinstance(path, PurePath) else path.rsplit("/", 1)[-1]
+    for suffix in CT_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return PurePosixPath(name).stem
 
 
 @dataclass(frozen=True)

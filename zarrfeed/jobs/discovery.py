@@ -17,6 +17,7 @@ import dagster as dg
 
 from zarrfeed.assets.partitions import partitions_def
 from zarrfeed.families import Family
+from zarrfeed.formats.walk import TreeCache
 from zarrfeed.jobs.queue import BuildQueue
 from zarrfeed.jobs.requests import batched_requests
 from zarrfeed.resources import RawFolderResource, ZarrStoreResource
@@ -31,6 +32,7 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
     partitions, raw_asset = partitions_def(declared), declared.raw.asset
     dataset = dg.AssetKey(declared.dataset_asset)
     family = declared.name
+    walked = TreeCache()  # what the last tick's walk saw: unchanged folders are not listed
 
     @dg.sensor(
         name=declared.discovery,
@@ -46,7 +48,7 @@ def discovery_sensor(declared: Family, job, dataset_job) -> dg.SensorDefinition:
     ) -> dg.SensorResult | dg.SkipReason:
         with gc_paused():  # 50,000 catalog items and listings, none of them garbage
             catalog = zarr_store.catalog(family)
-            scan = raw.scan(declared)
+            scan = raw.scan(declared, walked)
             changes = catalog.update(raw.origin, scan)
             report_skipped(context.log, catalog, raw.origin, family, scan.skipped)
             index = catalog.index()  # kept by update: no second read

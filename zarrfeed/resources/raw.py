@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from zarrfeed import defaults
+from zarrfeed.families.registry import scan_raw
+from zarrfeed.formats.walk import TreeCache
 from zarrfeed.sources.raw import Scan, raw_origin
 
 if TYPE_CHECKING:
@@ -24,9 +26,10 @@ class RawFolderResource(dg.ConfigurableResource):
     def origin(self) -> str:
         return raw_origin(self.root)
 
-    def scan(self, family: Family) -> Scan:
+    def scan(self, family: Family, cache: TreeCache | None = None) -> Scan:
         """Key → catalog entry of every raw item of ``family`` (no file is read), and the
-        broken entries skipped (``.skipped``).  Locations are absolute: a relative root (the
+        broken entries skipped (``.skipped``); ``cache``: the caller's from its earlier
+        scans (a sensor's, tick after tick).  Locations are absolute: a relative root (the
         .env default) and the same folder given absolute (``zarrfeed demo``) must not make
         every item look changed."""
-        return family.raw.scan(os.path.abspath(self.root))
+        return scan_raw(family, os.path.abspath(self.root), cache)

@@ -36,7 +36,7 @@ from huggingface_hub.errors import (
 )
 
 from zarrfeed.errors import ZarrfeedError
-from zarrfeed.formats.discover import ct_stem
+from zarrfeed.formats.ct import ct_stem
 from zarrfeed.store.backends import LocalBackend
 from zarrfeed.store.keys import sanitise_key
 

@@ -1,11 +1,11 @@
-"""Raw items of every source as catalog entries, and back to what their readers take.
+"""Raw items of every source as catalog entries, and what a build checks of them.
 
-A raw folder is scanned by the ``zarrfeed.formats.discover`` finders (one tree walk each)
-and every item is stamped with its size and modification time (a DICOM series or a sequence
-folder: the sum of its files' sizes and the newest mtime), without reading any file.  A CT
-item carries its CT-RATE metadata row's rescale as evidence, so an edited CSV makes exactly
-its scans change.  Hub volumes are items too (``hf://`` locations, the LFS hash as their
-content hash), so every CT source feeds the same partitions and the same graph.
+A family's discovery (``zarrfeed.families.<family>``) finds its items in a walk of the raw
+folder (``zarrfeed.formats.walk``); :func:`catalog_entries` stamps every item with its size
+and modification time (a DICOM series or a sequence folder: the sum of its files' sizes and
+the newest mtime), without reading any file.  Hub volumes are items too (``hf://``
+locations, the LFS hash as their content hash), so every source of a family feeds the same
+partitions and the same graph.
 """
 
 from __future__ import annotations
@@ -13,24 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zarrfeed.errors import InputError
-from zarrfeed.formats.ct import CTItem
-from zarrfeed.formats.discover import (
-    Found,
-    SpikeSequence,
-    discover_ct,
-    discover_image_sets,
-    discover_spike_sequences,
-    image_files,
-    link_target,
-    read_ct_rate_metadata,
-    refused_link,
-    walk_tree,
-)
+from zarrfeed.formats.walk import Found, link_target, refused_link
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.store.provenance import file_sha256
 from zarrfeed.transforms.hu import csv_rescale
@@ -60,8 +48,14 @@ class Scan(dict):
     skipped: dict[str, str]
 
 
-def _items(found: Found, origin: str, make: callable, files: callable) -> Scan:
-    """Catalog entries of ``found``; a collided key is one entry naming every location.  An
+def catalog_entries(
+    found: Found,
+    origin: str,
+    make: Callable[[str, Any, int, float], RawItem],
+    files: Callable[[Any], list[Path]],
+) -> Scan:
+    """Catalog entries of ``found``, each ``make(key, item, size, mtime)`` of the ``files``
+    it reads; a collided key is one entry naming every location.  An
     item whose files cannot be stat'ed (gone since the walk, unreachable) is skipped, and so
     is one whose evidence cannot be read (a metadata row with a malformed rescale): one bad
     item never stops the discovery of the others."""
@@ -84,77 +78,9 @@ def _items(found: Found, origin: str, make: callable, files: callable) -> Scan:
     return out
 
 
-def scan_ct(root: str | Path, metadata: Mapping[str, Mapping[str, str]] | None = None) -> Scan:
-    """Key → catalog entry for every CT item under ``root`` (NIfTI, DICOM series,
-    ``.npy``/``.npz`` volumes); ``metadata`` defaults to the CT-RATE CSVs found there."""
-    origin = raw_origin(root)
-    tree = walk_tree(root)  # one walk finds the volumes and the CSVs
-    rows = read_ct_rate_metadata(root, tree, tree.skipped) if metadata is None else metadata
-
-    def make(key: str, item: CTItem, size: int, mtime: float) -> RawItem:
-        claim = csv_rescale(rows.get(key))
-        evidence = {"csv": [claim.slope, claim.intercept]} if claim else {}
-        detail = {"files": [str(p) for p in item.files], "series_uid": item.series_uid}
-        return RawItem(key, item.kind, str(item.path), origin, size, mtime, evidence, detail)
-
-    return _items(discover_ct(root, tree), origin, make, lambda item: item.sources())
-
-
-def ct_item(item: RawItem, local: Path | None = None) -> CTItem:
-    """What :func:`zarrfeed.formats.ct.read_ct` reads for a CT entry; ``local`` is where a
-    hub volume was downloaded to."""
-    if is_hub(item):
-        if local is None:
-            raise ValueError(f"{item.location}: download the hub volume first")
-        return CTItem(item.key, "nifti", local)
-    files = tuple(Path(p) for p in item.detail.get("files", ()))
-    return CTItem(item.key, item.kind, Path(item.location), files, item.detail.get("series_uid"))
-
-
-def scan_spike(root: str | Path) -> Scan:
-    """Key → catalog entry for every spike sequence under ``root``."""
-    origin = raw_origin(root)
-
-    def make(key: str, seq: SpikeSequence, size: int, mtime: float) -> RawItem:
-        # The dataset's dataset.json lies outside the sequence folder: its facts are evidence,
-        # so editing it changes the item (and its partitions' fingerprints).
-        facts = {
-            "height": seq.height,
-            "width": seq.width,
-            "spike_folder": seq.spike_folder,
-            "layout": seq.layout,
-            "frames": seq.frames,
-        }
-        return RawItem(key, "spike", str(seq.folder), origin, size, mtime, evidence=facts)
-
-    return _items(discover_spike_sequences(root), origin, make, lambda s: s.files())
-
-
-def spike_sequence(item: RawItem) -> SpikeSequence:
-    d = item.evidence
-    return SpikeSequence(
-        Path(item.location), d["height"], d["width"], d["spike_folder"], d["layout"], d["frames"]
-    )
-
-
-def scan_images(root: str | Path) -> Scan:
-    """Key → catalog entry for every image set (a folder of images) under ``root``."""
-    origin = raw_origin(root)
-
-    def make(key: str, folder: Path, size: int, mtime: float) -> RawItem:
-        return RawItem(key, "images", str(folder), origin, size, mtime)
-
-    return _items(discover_image_sets(root), origin, make, lambda f: image_files(f, Path(root)))
-
-
 def item_root(item: RawItem) -> Path | None:
     """The raw folder a local item was discovered in (None for a hub item)."""
     return Path(item.origin.removeprefix("raw:")) if item.origin.startswith("raw:") else None
-
-
-def item_files(item: RawItem) -> list[Path]:
-    """An image set's files as discovery lists them under the item's raw folder."""
-    return image_files(Path(item.location), item_root(item))
 
 
 def source_links(item: RawItem, files: list[Path]) -> dict[str, dict[str, Any]]:

@@ -8,15 +8,18 @@ the built-in sample data.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -29,34 +32,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DataConfig(Section):
-    """What the task reads from the store (fields a task does not use are ignored)."""
+class DataSection(Section):
+    """What the task reads from the store: the fields every task has; each task's own
+    section (``Task.Data``) adds its fields."""
 
-    window: str = Field("lung", description="CT window (ct_classifier, sparse_autoencoder)")
-    patch: bool = Field(True, description="CT patches from the patch index, else whole volumes")
-    patch_sampler: Literal["stored", "uniform", "foreground"] = Field(
-        "stored",
-        description="where CT patches are cut in their volume: the stored patch index "
-        "(mostly body), anywhere (uniform), or centred on the stored occupancy of the window "
-        "(foreground)",
-    )
-    max_points: int = Field(
-        1 << 20, description="points per scan before rebuilding the occupancy grid"
-    )
-    clip_len: int = Field(3, description="spike clip length in samples")
-    crop: list[int] = Field([64, 64], description="spike crop (H, W)")
-    voxels: Literal["stored", "realtime"] = Field("stored", description="spike voxel source")
-    defects: bool = Field(True, description="synthesise local defects on image patches")
     cache_gb: float = Field(
         1.0, description="GB of RAM for decoded arrays, one copy shared by all workers"
     )
     eval_batches: int = Field(4, description="fixed batches scored before and after training")
-    holdout: Literal["auto", "none"] = Field(
-        "auto",
-        description="evaluation samples (ct_classifier): auto scores scans it never trains "
-        "on (CT-RATE's valid_ scans, else a fixed quarter of the keys); none scores training "
-        "samples (a store too small to hold any out)",
-    )
     dataset_version: str | None = Field(
         None,
         description="the dataset version to read (`zarrfeed datasets list`); default: the "
@@ -84,7 +67,7 @@ class LoaderConfig(Section):
     )
     device_cache: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="CT patches: use the training device as a cache tier and cut batches there "
+        description="patch datasets: use the training device as a cache tier and cut batches there "
         "(the volumes when they fit its budget, else a pool of cache-unit slots within it); "
         "auto: on CUDA devices only",
     )
@@ -126,7 +109,13 @@ class TrainSection(Section):
 
 
 class TrainConfig(Section):
-    """One training run: task, where the data and checkpoints live, and the three sections."""
+    """One training run: task, where the data and checkpoints live, and the three sections.
+
+    Every task has a config model of its own, this one with ``task`` fixed to its name and
+    ``data`` its section (:func:`config_model`), and the training config is their union,
+    discriminated on ``task``: :meth:`model_validate` and :meth:`load` pick the task's model
+    (the first task when none is named), so a field another task reads is an unknown key.
+    """
 
     task: str = Field(
         default_factory=lambda: next(iter(task_types())),
@@ -145,9 +134,28 @@ class TrainConfig(Section):
     resume_anyway: bool = Field(
         False, description="continue the run folder's checkpoint even when its config differs"
     )
-    data: DataConfig = DataConfig()
+    data: DataSection = DataSection()
     dataloader: LoaderConfig = LoaderConfig()
     train: TrainSection = TrainSection()
+
+    def __init__(self, /, **values: Any) -> None:
+        if type(self) is TrainConfig:
+            raise TypeError(
+                "TrainConfig is the union of every task's config: make one with "
+                "TrainConfig.model_validate({...}) or TrainConfig.load(), which pick the "
+                "task's own model"
+            )
+        super().__init__(**values)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> TrainConfig:
+        """``obj`` validated by its task's config model (the union's member its ``task``
+        names; the first task when it names none)."""
+        if cls is not TrainConfig:
+            return super().model_validate(obj, **kwargs)
+        if isinstance(obj, dict) and not obj.get("task"):
+            obj = {**obj, "task": next(iter(task_types()))}
+        return TypeAdapter(config_union()).validate_python(obj, **kwargs)
 
     @model_validator(mode="before")
     @classmethod
@@ -155,21 +163,13 @@ class TrainConfig(Section):
         """Lay the task's own defaults (``Task.defaults``) under the given sections."""
         if not isinstance(values, dict):
             return values
-        name = values.get("task") or cls.model_fields["task"].get_default(call_default_factory=True)
-        task = task_types().get(name)
+        task = task_types().get(values.get("task") or cls.model_fields["task"].default)
         merged = dict(values)
         for section, own in (task.defaults if task else {}).items():
             given = merged.get(section, {})
             if isinstance(given, dict):
                 merged[section] = {**own, **given}
         return merged
-
-    @field_validator("task")
-    @classmethod
-    def _known_task(cls, value: str) -> str:
-        if value not in task_types():
-            raise ValueError(f"no task {value!r}; the tasks are {', '.join(task_types())}")
-        return value
 
     @property
     def run_dir(self) -> Path:
@@ -194,12 +194,16 @@ class TrainConfig(Section):
                 raise ConfigError(
                     f"{path}: expected a mapping of sections, found {type(raw).__name__}"
                 )
+        values = merged(raw, overrides)
         try:
-            return cls.model_validate(merged(raw, overrides))
+            return cls.model_validate(values)
         except ValidationError as exc:
             lines = key_lines(text) if text else {}
             given = set(flatten(overrides))
-            problems = "; ".join(validation_problem(cls, e, lines, given) for e in exc.errors())
+            models = {config_model(t).model_fields["task"].default: config_model(t)
+                      for t in task_types().values()}  # fmt: skip
+            model = models.get(values.get("task") or next(iter(models)), cls)
+            problems = "; ".join(validation_problem(model, e, lines, given) for e in exc.errors())
             raise ConfigError(f"{where}: {problems}") from None
 
     def to_yaml(self) -> str:
@@ -211,11 +215,35 @@ class TrainConfig(Section):
 
 
 def task_types() -> dict[str, Any]:
-    """Task name -> class (``zarrfeed.training.tasks`` declares them; imported here only
-    when a config is validated, since the tasks import the config)."""
-    from zarrfeed.training.tasks import TASK_TYPES
+    """Task name -> class, of every registered family (:mod:`zarrfeed.families.registry`)."""
+    from zarrfeed.families.registry import task_types as registered
 
-    return TASK_TYPES
+    return registered()
+
+
+@functools.cache
+def config_model(task: type) -> type[TrainConfig]:
+    """The config model of ``task`` (a task class): ``task`` fixed to its name, ``data``
+    its own section (``task.Data``).  One model per task class, so that configs of the same
+    task are of one type."""
+    return create_model(
+        f"{task.__name__}Config",
+        __base__=TrainConfig,
+        __doc__=f"The training config of {task.name}: {task.summary()}.",
+        task=(
+            Literal[task.name],
+            Field(task.name, description=TrainConfig.model_fields["task"].description),
+        ),
+        data=(task.Data, Field(default_factory=task.Data)),
+    )
+
+
+def config_union() -> Any:
+    """Every registered task's config model, discriminated on ``task``."""
+    models = tuple(config_model(t) for t in task_types().values())
+    if len(models) == 1:  # a union of one is its member
+        return models[0]
+    return Annotated[Union[models], Field(discriminator="task")]  # noqa: UP007 (built at run time)
 
 
 def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
@@ -264,8 +292,17 @@ def valid_keys(model: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
 def validation_problem(
     model: type[BaseModel], error: Any, lines: dict[tuple[str, ...], int], given: set[str]
 ) -> str:
-    """One pydantic error as ``line L: train.stepz: unknown key (valid keys: ...)``."""
+    """One pydantic error as ``line L: train.stepz: unknown key (valid keys: ...)``; the
+    union's tag (the task's name, which pydantic puts first) is left out of the key."""
     loc = tuple(str(p) for p in error["loc"])
+    if error["type"] == "union_tag_invalid":
+        tasks = ", ".join(task_types())
+        loc, error = (
+            ("task",),
+            {**error, "msg": f"no task {error['ctx']['tag']!r}; the tasks are {tasks}"},
+        )
+    elif loc and loc[0] == model.model_fields["task"].default:
+        loc = loc[1:]
     name = ".".join(loc)
     line = None if name in given else lines.get(loc)
     where = f"line {line}: " if line else ""

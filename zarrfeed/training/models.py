@@ -37,7 +37,7 @@ class Stage(nn.Sequential):
 
 
 class CTClassifier(nn.Module):
-    """3-D CNN over a windowed CT patch or volume → one logit per CT-RATE label."""
+    """3-D CNN over a windowed patch or volume → one logit per label (multi-label)."""
 
     def __init__(self, labels: int = 18, width: int = 16, checkpointing: bool = False) -> None:
         super().__init__()

@@ -52,7 +52,7 @@ def settings_table(result: TrainResult) -> dict[str, Any]:
     one's default for the task, so what was changed stands out."""
     task = TASK_TYPES[result.task]
     config = TrainConfig.model_validate(result.config)
-    defaults = task(TrainConfig(task=result.task)).settings()
+    defaults = task(TrainConfig.model_validate({"task": result.task})).settings()
     rows = [
         {"setting": key, "value": shown(value), "default": shown(defaults.get(key)),
          "changed": value != defaults.get(key)}
@@ -63,13 +63,14 @@ def settings_table(result: TrainResult) -> dict[str, Any]:
 
 
 def per_class_label(result: TrainResult) -> str:
-    """The per-class table's metadata label: ``auroc_per_finding`` for the CT classifier."""
+    """The per-class table's metadata label (``auroc_per_finding``: metrics, then the task's
+    ``classes``)."""
     metrics = [m for m in result.per_class if m not in COUNTS]
     return f"{'_'.join(metrics)}_per_{TASK_TYPES[result.task].classes}"
 
 
 def per_class_table(result: TrainResult) -> dict[str, Any]:
-    """Per-class evaluation values before and after training (the CT-RATE classifier's
+    """Per-class evaluation values before and after training (a multi-label classifier's
     per-finding AUROC, with the positives and negatives behind each): one row per class,
     empty cells where a value is undefined (one class only among the evaluation samples)."""
     after, before = result.per_class, result.per_class_before

@@ -1,23 +1,20 @@
-"""The four training tasks: which dataset each reads, its model, its loss and metrics.
+"""What a training task is, and the tasks of every registered family.
 
-A task turns a collated batch (already on the device) into ``(loss, metrics)``; the trainer
-owns everything else.  Inputs are converted to float inside the task, under autocast.
+A task names the dataset it reads, its model, its loss and metrics, and its own ``data``
+section of the training config; it turns a collated batch (already on the device) into
+``(loss, metrics)``, and the trainer owns everything else.  Inputs are converted to float
+inside the task, under autocast.  Each family declares its tasks (``Family.tasks``), so
+training names no family: :data:`TASK_TYPES` reads them from
+:mod:`zarrfeed.families.registry`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from zarrfeed.errors import StoreError
 from zarrfeed.families import Family
-from zarrfeed.families.ct import CT, LABELS
-from zarrfeed.families.images import IMAGES
-from zarrfeed.families.spike import SPIKE, SPIKE_VOXELS
-from zarrfeed.training.metrics import auroc
+from zarrfeed.training.config import DataSection
 
 # torch, the datasets and the models load when a task first builds or computes, not at
 # import: the code location's model assets and the config's validation read only the tasks'
@@ -29,27 +26,17 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
     from zarrfeed.training.config import TrainConfig
-    from zarrfeed.training.data import (
-        CTPatchDataset,
-        ImagePatchDataset,
-        SparsePointsDataset,
-        SpikeClipDataset,
-    )
 
 Batch = dict[str, "torch.Tensor"]
 # Per-class tables of the evaluation batches: metric name -> class name -> value (None where
 # the metric is undefined for that class).
 PerClass = dict[str, dict[str, float | None]]
-# defect_segmentation: a defect pixel's BCE weight (defects are ~0.05 % of a patch's pixels);
-# a pixel counts as a defect where the weighted model's logit exceeds log(weight), i.e. where
-# the unweighted probability would pass 0.5.
-DEFECT_WEIGHT = 20.0
 # The check every model asset carries, which the training process reports.
 LEARNED = "learned"
 LEARNED_DOC = (
     "On fixed evaluation batches, before and after training: the loss fell and the task's "
-    "headline metric moved its way and past chance (held-out per-finding AUROC mean above "
-    "0.5 for the CT classifier, IoU or PSNR for the others; a segmenter that finds nothing "
+    "headline metric moved its way and past chance (a classifier's held-out per-finding "
+    "AUROC mean above 0.5; IoU or PSNR for others, where a segmenter that finds nothing "
     "stays at IoU 0)."
 )
 
@@ -77,8 +64,14 @@ class Task:
     # the sections' to learn anything in a default run (the sample data, a retrain started by
     # new data); values given in a file, on the command line or in run config still win.
     defaults: dict[str, dict[str, Any]] = {}  # noqa: RUF012 (read only)
-    data_fields: tuple[str, ...] = ("cache_gb", "eval_batches")  # the data.* fields it reads
-    classes: str = "class"  # what its per-class metrics are per (a finding, for CT-RATE)
+    # Its section of the training config (``data``): what it reads from the store.
+    Data: type[DataSection] = DataSection
+    data_fields: tuple[str, ...] = ()  # the fields of Data, set for each task class
+    classes: str = "class"  # what its per-class metrics are per (a finding, say)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.data_fields = tuple(cls.Data.model_fields)
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -89,14 +82,12 @@ class Task:
         return " ".join((cls.__doc__ or cls.name).split()).split(". ")[0].rstrip(".")
 
     def settings(self) -> dict[str, Any]:
-        """The config as this task reads it, flat (``train.lr``): the data fields of other
-        tasks and where the run writes are left out."""
-        own = {f"data.{name}" for name in self.data_fields}
+        """The config as this task reads it, flat (``train.lr``), where the run writes left
+        out."""
         return {
             key: value
             for key, value in self.config.flat().items()
             if key not in ("out", "run_name", "resume", "resume_anyway")
-            and (not key.startswith("data.") or key in own)
         }
 
     def dataset(self, split: str | None = None) -> Dataset:
@@ -149,233 +140,26 @@ class Task:
         return {}, {}
 
 
-class CTClassification(Task):
-    """CT-RATE multi-label classification (18 findings) on windowed patches or volumes."""
+class TaskTypes(Mapping[str, type[Task]]):
+    """Task name -> task class of every registered family, read from the registry on each
+    use (a family ``ZARRFEED_FAMILIES`` adds is there as soon as it is set)."""
 
-    # The field reads per-finding AUROC (macro mean over findings with both classes among
-    # the held-out scans), not accuracy: with 18 rare findings, predicting "absent"
-    # everywhere is ~90 % accurate.
-    name, family, metric, label, chance = "ct_classifier", CT, "auroc_mean", "AUROC", 0.5
-    evaluates_on = "held_out"
-    data_fields = ("window", "patch", "holdout", *Task.data_fields)
-    classes = "finding"
+    def _all(self) -> dict[str, type[Task]]:
+        from zarrfeed.families.registry import task_types
 
-    def dataset(self, split: str | None = None) -> CTPatchDataset:
-        from zarrfeed.training.data import CTPatchDataset
+        return task_types()
 
-        d = self.config.data
-        ds = CTPatchDataset(
-            self.config.store,
-            d.window,
-            d.patch,
-            cache_gb=d.cache_gb,
-            seed=self.config.seed,
-            dataset_version=d.dataset_version,
-            patch_sampler=d.patch_sampler,
-            split=split if d.holdout == "auto" else None,
-        )
-        if ds.labels is None:
-            raise StoreError(
-                f"{self.name} needs CT-RATE labels: {self.config.store} has no "
-                f"{CT.dataset_path}/{LABELS} table (put the multi_abnormality_labels CSV beside "
-                f"the scans and rebuild {CT.dataset_asset})"
-            )
-        self.label_names = list(ds.label_names)
-        return ds
+    def __getitem__(self, name: str) -> type[Task]:
+        return self._all()[name]
 
-    def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import CTClassifier
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
 
-        t = self.config.train
-        return CTClassifier(len(dataset.label_names), t.width, t.grad_checkpointing)
-
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        import torch
-        from torch.nn import functional as F
-
-        logits = model(batch["image"].float())
-        labels = batch["labels"]
-        known = ~torch.isnan(labels)  # scans without a label row do not count
-        target = torch.nan_to_num(labels)
-        per = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
-        loss = (per * known).sum() / known.sum().clamp(min=1)
-        correct = ((logits > 0) == (target > 0.5)) & known
-        accuracy = correct.sum() / known.sum().clamp(min=1)
-        return loss, {"accuracy": accuracy}
-
-    def pooled(
-        self, model: nn.Module, batches: Sequence[Batch]
-    ) -> tuple[dict[str, float | None], PerClass]:
-        """Per-finding AUROC over every evaluation sample (the field's usual report), the
-        counts of positives and negatives behind it, and the mean over defined findings."""
-        import torch
-
-        scores = torch.cat([model(b["image"].float()).float().cpu() for b in batches]).numpy()
-        labels = torch.cat([b["labels"].float().cpu() for b in batches]).numpy()
-        known = ~np.isnan(labels)
-        tables: PerClass = {"auroc": {}, "positives": {}, "negatives": {}}
-        for i, name in enumerate(self.label_names):
-            tables["auroc"][name] = auroc(labels[:, i], scores[:, i])
-            tables["positives"][name] = int((labels[known[:, i], i] > 0.5).sum())
-            tables["negatives"][name] = int(known[:, i].sum()) - tables["positives"][name]
-        defined = [v for v in tables["auroc"].values() if v is not None]
-        return {"auroc_mean": float(np.mean(defined)) if defined else None}, tables
+    def __len__(self) -> int:
+        return len(self._all())
 
 
-class SparseAutoencoder(Task):
-    """Occupancy grids rebuilt from the sparse indices (TRELLIS 64³), encoded and decoded."""
-
-    name, family, metric, label = "sparse_autoencoder", CT, "iou", "IoU"
-    data_fields = ("window", "max_points", *Task.data_fields)
-
-    def dataset(self, split: str | None = None) -> SparsePointsDataset:
-        from zarrfeed.training.data import SparsePointsDataset
-
-        d = self.config.data
-        ds = SparsePointsDataset(
-            self.config.store,
-            d.window,
-            max_points=d.max_points,
-            cache_gb=d.cache_gb,
-            seed=self.config.seed,
-            dataset_version=d.dataset_version,
-        )
-        grid = ds.pinned_attrs(ds.asset, [0])[0]["params"]["sparse_grid"]
-        if not grid:
-            raise StoreError(
-                f"sparse_autoencoder needs an occupancy grid: {ds.asset} of {ds.url} was built "
-                "at full resolution (set ct_settings.sparse_grid, e.g. 64)"
-            )
-        self.grid = int(grid)
-        return ds
-
-    def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
-        from zarrfeed.training.data import collate_points
-
-        return collate_points
-
-    def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import OccupancyAutoencoder
-
-        t = self.config.train
-        return OccupancyAutoencoder(t.width, checkpointing=t.grad_checkpointing)
-
-    def occupancy(self, batch: Batch) -> torch.Tensor:
-        import torch
-
-        coords = batch["coords"].long()
-        g = self.grid
-        grid = torch.zeros((len(batch["counts"]), 1, g, g, g), device=coords.device)
-        grid[coords[:, 0], 0, coords[:, 1], coords[:, 2], coords[:, 3]] = 1.0
-        return grid
-
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        from torch.nn import functional as F
-
-        target = self.occupancy(batch)
-        logits = model(target).float()
-        # Occupied cells are the minority: weigh them by the empty/occupied ratio (capped).
-        occupied = target.sum().clamp(min=1)
-        weight = ((target.numel() - occupied) / occupied).clamp(max=20.0)
-        loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight)
-        pred = logits > 0
-        union = (pred | (target > 0)).sum()
-        iou = (pred & (target > 0)).sum() / union.clamp(min=1)
-        return loss, {"iou": iou}
-
-
-class SpikeDeblurring(Task):
-    """Spike-guided deblurring: a clip's middle blurred frame + its spike voxels → the sharp
-    frame."""
-
-    name, family, metric, label = "spike_deblur", SPIKE, "psnr", "PSNR"
-    data_fields = ("clip_len", "crop", "voxels", *Task.data_fields)
-
-    def dataset(self, split: str | None = None) -> SpikeClipDataset:
-        from zarrfeed.training.data import SpikeClipDataset
-
-        d = self.config.data
-        ds = SpikeClipDataset(
-            self.config.store,
-            d.clip_len,
-            tuple(d.crop),
-            d.voxels,
-            cache_gb=d.cache_gb,
-            seed=self.config.seed,
-            dataset_version=d.dataset_version,
-        )
-        attrs = ds.pinned_attrs(SPIKE_VOXELS.path, [0])[0]
-        frames, bins = attrs["frames"], attrs["params"]["bins"]
-        self.voxel_scale = float(math.ceil(frames / bins))  # max count per bin
-        return ds
-
-    def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import SpikeDeblur
-
-        _, bins, _, _ = dataset.voxel_shapes[0]
-        t = self.config.train
-        return SpikeDeblur(3 + self.config.data.clip_len * bins, t.width, t.grad_checkpointing)
-
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        import torch
-        from torch.nn import functional as F
-
-        mid = batch["blur"].shape[1] // 2
-        blur = batch["blur"][:, mid].float() / 255
-        sharp = batch["sharp"][:, mid].float() / 255
-        voxels = batch["voxels"].flatten(1, 2).float() / self.voxel_scale
-        pred = model(blur, voxels).float()
-        loss = F.l1_loss(pred, sharp)
-        mse = F.mse_loss(pred.detach().clamp(0, 1), sharp)
-        return loss, {"psnr": 10 * torch.log10(1 / mse.clamp(min=1e-10))}
-
-
-class DefectSegmentation(Task):
-    """Defect segmentation on inspection-image patches: synthesised local defects that the
-    inspected channel has and its references lack, against their masks."""
-
-    name, family, metric, label = "defect_segmentation", IMAGES, "iou", "IoU"
-    data_fields = ("defects", *Task.data_fields)
-    # Defects cover ~0.05 % of a patch: a segmenter finds none before ~60 steps of 8 patches
-    # (its IoU stays 0 at 40 steps of 4).
-    defaults = {"train": {"steps": 100, "batch_size": 8, "lr": 0.003}}  # noqa: RUF012
-
-    def dataset(self, split: str | None = None) -> ImagePatchDataset:
-        from zarrfeed.training.data import ImagePatchDataset
-
-        d = self.config.data
-        return ImagePatchDataset(
-            self.config.store,
-            d.defects,
-            cache_gb=d.cache_gb,
-            seed=self.config.seed,
-            dataset_version=d.dataset_version,
-        )
-
-    def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import DefectSegmenter
-
-        t = self.config.train
-        return DefectSegmenter(3, t.width, t.grad_checkpointing)
-
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        import torch
-        from torch.nn import functional as F
-
-        logits = model(batch["image"]).float()
-        target = batch["mask"].float()
-        prob = torch.sigmoid(logits)
-        dice = 1 - (2 * (prob * target).sum() + 1) / (prob.sum() + target.sum() + 1)
-        weight = torch.tensor(DEFECT_WEIGHT, device=logits.device)
-        loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight) + dice
-        pred, truth = logits > math.log(DEFECT_WEIGHT), target > 0
-        iou = (pred & truth).sum() / (pred | truth).sum().clamp(min=1)
-        return loss, {"iou": iou}
-
-
-TASK_TYPES: dict[str, type[Task]] = {
-    t.name: t for t in (CTClassification, SparseAutoencoder, SpikeDeblurring, DefectSegmentation)
-}
+TASK_TYPES = TaskTypes()
 
 
 def model_asset_name(task: str) -> str:

@@ -16,13 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from zarrfeed.errors import InputError
 from zarrfeed.families.facts import Picture
 from zarrfeed.families.family import Family, RawSource, Reader, Stage, Table
+from zarrfeed.families.images.discover import item_files, scan_images
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_image
 from zarrfeed.formats.images import image_orientation
 from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatable
 from zarrfeed.formats.previews import image_png
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import item_files, scan_images
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.spike import to_gray
@@ -232,4 +232,5 @@ IMAGES = Family(
     tables=(PATCH_TABLE,),
     dataset_version="2",
     readers=(Reader("images", "zarrfeed.training.data.images:ImagePatchDataset"),),
+    tasks=("zarrfeed.families.images.tasks:DefectSegmentation",),
 )

@@ -16,13 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from zarrfeed.errors import InputError
 from zarrfeed.families.facts import Picture
 from zarrfeed.families.family import Family, RawSource, Reader, Stage
+from zarrfeed.families.spike.discover import (
+    SpikeSequence,
+    scan_spike,
+    spike_datasets,
+    spike_sequence,
+)
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_dat, read_image
-from zarrfeed.formats.discover import SpikeSequence
 from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatable
 from zarrfeed.formats.previews import grid_png
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import scan_spike, spike_sequence
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.transforms import spike as sp
 
@@ -209,9 +213,11 @@ SPIKE = Family(
         describe=describe_sequence,
         readable=Check("readable", "Every sample has its spike stream, blurred and sharp frame."),
         version="2",
+        claims=spike_datasets,
     ),
     settings=SpikeSettings,
     stages=(Stage(SPIKE_VOXELS, voxels_step), Stage(SPIKE_FRAMES, frames_step)),
     dataset_version="2",
     readers=(Reader("spike", "zarrfeed.training.data.spike:SpikeClipDataset"),),
+    tasks=("zarrfeed.families.spike.tasks:SpikeDeblurring",),
 )

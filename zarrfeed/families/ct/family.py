@@ -13,22 +13,22 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from zarrfeed.errors import InputError, StoreError
+from zarrfeed.families.ct.discover import ct_item, scan_ct, scan_files
+from zarrfeed.families.ct.tables import UNKNOWN_LABEL, read_ct_rate_labels
 from zarrfeed.families.facts import Picture, Rows
 from zarrfeed.families.family import Extra, Family, HubSource, RawSource, Reader, Stage, Table
 from zarrfeed.families.stages import Checks, Inputs, Step
 from zarrfeed.formats import read_ct, read_nifti_header
-from zarrfeed.formats.discover import UNKNOWN_LABEL, read_ct_rate_labels
 from zarrfeed.formats.previews import volume_png
 from zarrfeed.formats.volume import OBLIQUE_TOLERANCE_RAD, ZYX_AXES, Volume, off_axis_angle
 from zarrfeed.sources.catalog import RawItem
-from zarrfeed.sources.raw import ct_item, is_hub, scan_ct
+from zarrfeed.sources.raw import is_hub
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
 from zarrfeed.transforms import ct, hu
@@ -487,10 +487,6 @@ def write_labels(store: ZarrStore, raw_root: str, keys: list[str], path: str) ->
     return {"labelled": sum(k in rows for k in keys), "labels_sha256": digest[:16]}
 
 
-def scan_files(item: RawItem) -> list[Path]:
-    return list(ct_item(item).sources())
-
-
 CT = Family(
     name="ct",
     partitions="ct_scans",
@@ -524,5 +520,9 @@ CT = Family(
         Reader("ct-patches", "zarrfeed.training.data.ct:CTPatchDataset"),
         Reader("ct-volumes", "zarrfeed.training.data.ct:CTPatchDataset", {"patch": False}),
         Reader("sparse", "zarrfeed.training.data.ct:SparsePointsDataset"),
+    ),
+    tasks=(
+        "zarrfeed.families.ct.tasks:CTClassification",
+        "zarrfeed.families.ct.tasks:SparseAutoencoder",
     ),
 )

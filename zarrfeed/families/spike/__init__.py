@@ -1,0 +1,6 @@
+"""The spike-camera family: its declaration (:mod:`.family`), discovery (:mod:`.discover`)
+and training task (:mod:`.tasks`)."""
+
+from zarrfeed.families.spike.family import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS, SpikeSettings
+
+__all__ = ["SPIKE", "SPIKE_FRAMES", "SPIKE_VOXELS", "SpikeSettings"]
