@@ -20,7 +20,7 @@ from services import postgres_database, wait_for
 
 from zarrfeed.commands.status import partition_states
 from zarrfeed.families.ct import CT
-from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrator_pid
+from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrating_pid, orchestrator_pid
 from zarrfeed.processes import HOST_TAG, host_identity
 
 pytestmark = pytest.mark.slow
@@ -106,6 +106,19 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
                 os.killpg(proc.pid, signal.SIGKILL)  # orphaned step processes too
                 proc.wait()
                 restore()
+
+
+def test_a_step_names_the_process_that_orchestrates_its_run(monkeypatch):
+    """In process, that process; in a child Python's multiprocessing started (Dagster's
+    multiprocess executor), its parent; in a Celery worker, none."""
+    import multiprocessing
+    import types
+
+    assert orchestrating_pid() == os.getpid()
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(orchestrating_pid) == os.getpid()
+    monkeypatch.setitem(sys.modules, "celery", types.SimpleNamespace(current_task=object()))
+    assert orchestrating_pid() is None
 
 
 def started(instance: dg.DagsterInstance) -> dg.DagsterRun | None:
