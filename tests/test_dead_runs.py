@@ -89,7 +89,9 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
             proc = subprocess.Popen(args, cwd=tmp_path, env=env, start_new_session=True, **quiet)
             try:
                 run = wait_for(lambda: started(instance), 120, "a started run with its host")
-                pid = wait_for(lambda: orchestrator_pid(instance, run.run_id), 30, "its pid")
+                pid = wait_for(
+                    lambda: orchestrator_pid(instance.get_run_by_id(run.run_id)), 30, "its pid"
+                )
                 context = dg.build_sensor_context(instance=instance)
                 assert "live process" in dead_runs(context).skip_message  # alive: left alone
                 assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED

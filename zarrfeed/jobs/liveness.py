@@ -44,10 +44,9 @@ def orchestrating_pid() -> int | None:
     return parent.pid if parent is not None else os.getpid()
 
 
-def orchestrator_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
-    """The pid of the process that orchestrates ``run_id``, as its steps tagged it."""
-    run = instance.get_run_by_id(run_id)
-    pid = run.tags.get(PID_TAG) if run is not None else None
+def orchestrator_pid(run: dg.DagsterRun) -> int | None:
+    """The pid of the process that orchestrates ``run``, as its steps tagged it."""
+    pid = run.tags.get(PID_TAG)
     return int(pid) if pid is not None else None
 
 
@@ -61,9 +60,8 @@ def fail_dead_runs(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
         host = run.tags.get(HOST_TAG, "")
         if host != here and not rebooted(host):
             continue  # another host or container: its own dead_runs sensor judges
-        if (pid := run.tags.get(PID_TAG)) is None:
+        if (pid := orchestrator_pid(run)) is None:
             continue
-        pid = int(pid)
         if host == here and process_alive(pid, record.start_time):
             continue
         gone = "it was killed or crashed" if host == here else "the host rebooted since"
