@@ -13,7 +13,7 @@ every started run of that host whose orchestrating process no longer exists — 
 process that reuses its pid, or the host has rebooted since — with a message saying so,
 which ``zarrfeed status`` shows as the cause.
 Runs on other hosts are left to a daemon there; runs without a recorded process (a Celery
-run, a run not yet started) to Dagster's own monitoring.
+run, a run whose first step has not started) to Dagster's own monitoring.
 """
 
 from __future__ import annotations
