@@ -3,9 +3,9 @@ requests on a new upstream data version, and a new version that lands while the 
 run is under way is not lost when that run ends."""
 
 import dagster as dg
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster._core.storage.tags import AUTOMATION_CONDITION_TAG
 
+from zarrfeed.assets.compat import DATA_VERSION_TAG
 from zarrfeed.assets.conditions import ON_NEW_DATA
 
 

@@ -8,12 +8,11 @@ import warnings
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.data_version import DATA_VERSION_TAG, get_input_data_version_tag
-from dagster._core.execution.execution_result import ExecutionResult
 from graph import FAMILIES, base_resources, definitions, discover, settings
 
 from zarrfeed.assets import family_assets
 from zarrfeed.assets.build import BATCH
+from zarrfeed.assets.compat import DATA_VERSION_TAG, input_version_tag
 from zarrfeed.components.deployment import ON_PARTIAL_FAILURE
 from zarrfeed.families.ct import CT
 from zarrfeed.jobs.build import build_job
@@ -42,7 +41,7 @@ def ct_job() -> dg.JobDefinition:
     return defs.resolve_job_def(CT.build_job)
 
 
-def run(instance: dg.DagsterInstance, tags: dict[str, str]) -> ExecutionResult:
+def run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.JobExecutionResult:
     job = dg.reconstructable(ct_job)
     # Dagster keeps the last definition loaded for an equal pointer: an earlier test's job
     # would build from that test's store.
@@ -52,7 +51,7 @@ def run(instance: dg.DagsterInstance, tags: dict[str, str]) -> ExecutionResult:
         return result  # its events stay readable; its outputs are not read
 
 
-def mats(result: ExecutionResult) -> dict[dg.AssetKey, list[dg.AssetMaterialization]]:
+def mats(result: dg.JobExecutionResult) -> dict[dg.AssetKey, list[dg.AssetMaterialization]]:
     out: dict[dg.AssetKey, list[dg.AssetMaterialization]] = {}
     for event in result.get_asset_materialization_events():
         m = event.event_specific_data.materialization
@@ -60,7 +59,7 @@ def mats(result: ExecutionResult) -> dict[dg.AssetKey, list[dg.AssetMaterializat
     return out
 
 
-def step_failures(result: ExecutionResult) -> str:
+def step_failures(result: dg.JobExecutionResult) -> str:
     return "\n".join(
         e.event_specific_data.error.to_string() for e in result.all_events if e.is_step_failure
     )
@@ -120,7 +119,7 @@ def test_backfill_run_builds_each_partition_on_its_own_and_a_bad_item_fails_alon
                     dg.AssetKey(up), partition_key=m.partition
                 )
                 want = latest.event_log_entry.tags[DATA_VERSION_TAG]
-                assert m.tags[get_input_data_version_tag(dg.AssetKey(up))] == want
+                assert m.tags[input_version_tag(dg.AssetKey(up))] == want
     assert set(stored) <= {k.path[-1] for k in by_asset}
     # What Dagster counts as failed (planned, not materialised) is the bad item alone: what
     # a backfill's retry of failed partitions runs again.

@@ -20,7 +20,7 @@ from services import postgres_database, wait_for
 
 from zarrfeed.commands.status import partition_states
 from zarrfeed.families.ct import CT
-from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrator_pid
+from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrating_pid, orchestrator_pid
 from zarrfeed.processes import HOST_TAG, host_identity
 
 pytestmark = pytest.mark.slow
@@ -89,7 +89,9 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
             proc = subprocess.Popen(args, cwd=tmp_path, env=env, start_new_session=True, **quiet)
             try:
                 run = wait_for(lambda: started(instance), 120, "a started run with its host")
-                pid = wait_for(lambda: orchestrator_pid(instance, run.run_id), 30, "its pid")
+                pid = wait_for(
+                    lambda: orchestrator_pid(instance.get_run_by_id(run.run_id)), 30, "its pid"
+                )
                 context = dg.build_sensor_context(instance=instance)
                 assert "live process" in dead_runs(context).skip_message  # alive: left alone
                 assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
@@ -106,6 +108,19 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
                 os.killpg(proc.pid, signal.SIGKILL)  # orphaned step processes too
                 proc.wait()
                 restore()
+
+
+def test_a_step_names_the_process_that_orchestrates_its_run(monkeypatch):
+    """In process, that process; in a child Python's multiprocessing started (Dagster's
+    multiprocess executor), its parent; in a Celery worker, none."""
+    import multiprocessing
+    import types
+
+    assert orchestrating_pid() == os.getpid()
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(orchestrating_pid) == os.getpid()
+    monkeypatch.setitem(sys.modules, "celery", types.SimpleNamespace(current_task=object()))
+    assert orchestrating_pid() is None
 
 
 def started(instance: dg.DagsterInstance) -> dg.DagsterRun | None:

@@ -20,6 +20,7 @@ batched backfill run, several at once; :func:`stored_asset` and :func:`stored_mu
 declare the Dagster assets from the contract.
 """
 
+import os
 import time
 import traceback
 import warnings
@@ -37,6 +38,7 @@ from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.batching import in_flight, per_run, worker_processes
 from zarrfeed.errors import StoreError, ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
+from zarrfeed.jobs.liveness import orchestrating_pid
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_checksum, recorded_checksums
@@ -285,20 +287,14 @@ def in_processes(context: dg.AssetExecutionContext, item_bytes: int) -> bool:
     return worker_processes(workers, item_bytes) and start_problem() is None
 
 
-# Executors that run every step of a run in the run's own process (``dg.materialize`` and
-# ``execute_in_process`` use the second): only there do later steps reuse a fork server.
-IN_PROCESS_EXECUTORS = frozenset({dg.in_process_executor.name, "execute_in_process_executor"})
-
-
 def warm_workers(context: dg.AssetExecutionContext, item_bytes: int) -> None:
     """Start the worker processes' fork server now when the run's later steps will build
     items of ``item_bytes`` in them in this process: raw ingest, the first step of a batch,
     calls it, so that the server's imports (~2 s of CPU) run beside the hashing instead of
     before the first build.  Under the multiprocess or Celery executor each step has a
-    process of its own, which starts its own server: warming one here would be wasted."""
-    if context.job_def.executor_def.name in IN_PROCESS_EXECUTORS and in_processes(
-        context, item_bytes
-    ):
+    process of its own, which starts its own server: warming one here would be wasted (the
+    step runs in the run's own process exactly when that process orchestrates the run)."""
+    if orchestrating_pid() == os.getpid() and in_processes(context, item_bytes):
         warm_up()
 
 

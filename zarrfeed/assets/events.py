@@ -7,29 +7,18 @@ would make every partition of its batch look stale, and a partition that failed 
 recorded as materialised.  A batched step therefore logs one ``AssetMaterialization`` per
 partition it committed — with the data-version, code-version and input-provenance tags
 Dagster itself writes for a one-partition run, the upstream versions read per partition —
-and returns its result with the marker Dagster reads as "the step logged its own events"
-(the marker its auto-converted observable source assets use), so no range-wide event
-follows.  ``tests/test_backfill.py`` pins this behaviour: exactly one materialisation per
-committed partition, carrying that partition's version.
+and returns its result marked as logged by the step, so no range-wide event follows (the
+two things Dagster offers no public way for, in ``zarrfeed.assets.compat``).
+``tests/test_backfill.py`` pins this behaviour: exactly one materialisation per committed
+partition, carrying that partition's version.
 """
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.data_version import (
-    CODE_VERSION_TAG,
-    DATA_VERSION_IS_USER_PROVIDED_TAG,
-    DATA_VERSION_TAG,
-    NULL_EVENT_POINTER,
-    extract_data_version_from_entry,
-    get_input_data_version_tag,
-    get_input_event_pointer_tag,
-)
-from dagster._core.definitions.source_asset import (
-    SYSTEM_METADATA_KEY_SOURCE_ASSET_OBSERVATION as LOGGED_BY_STEP,
-)
 
+from zarrfeed.assets.compat import INITIAL, LOGGED_BY_STEP, data_version_of, provenance_tags
 from zarrfeed.assets.metadata import readable
 
 Checks = Mapping[str, tuple[bool, dict[str, Any]]]
@@ -50,9 +39,9 @@ def upstream_versions(
     ).records
     out = {}
     for record in records:
-        version = extract_data_version_from_entry(record.event_log_entry)
+        version = data_version_of(record.event_log_entry.tags)
         if record.partition_key is not None and version is not None:
-            out[record.partition_key] = (version.value, record.storage_id)
+            out[record.partition_key] = (version, record.storage_id)
     return out
 
 
@@ -101,14 +90,11 @@ class PartitionRecorder:
         results: Checks,
     ) -> None:
         """Record partition ``partition`` of ``asset``: its materialisation, then its checks."""
-        tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
-        code_version = self._code[asset]
-        if code_version is not None:
-            tags[CODE_VERSION_TAG] = code_version
-        for up, versions in self._upstream[asset].items():
-            version, storage_id = versions.get(partition, ("INITIAL", None))
-            tags[get_input_data_version_tag(up)] = version
-            tags[get_input_event_pointer_tag(up)] = str(storage_id or NULL_EVENT_POINTER)
+        upstream = {
+            up: versions.get(partition, (INITIAL, None))
+            for up, versions in self._upstream[asset].items()
+        }
+        tags = provenance_tags(data_version, self._code[asset], upstream)
         log = self.context.log_event
         log(
             dg.AssetMaterialization(

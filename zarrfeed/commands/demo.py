@@ -206,7 +206,14 @@ def workspace_origin(instance: Any) -> Iterator[dict[str, str]]:
 
 def run(job: Any, instance: Any, family: str, key: str, **options: Any) -> Row:
     """One run of ``job`` in this process (in a :func:`workspace_origin` block, with its
-    tags), as a summary row."""
+    tags), as a summary row.  The run names this process as its own from the start, so the
+    ``dead_runs`` sensor fails it if the demo dies even before a step has begun (waiting for a
+    pool slot, say)."""
+    from zarrfeed.jobs.liveness import PID_TAG
+    from zarrfeed.processes import HOST_TAG, host_identity
+
+    here = {HOST_TAG: host_identity(), PID_TAG: str(os.getpid())}
+    options["tags"] = {**(options.get("tags") or {}), **here}
     t0 = time.perf_counter()
     with interrupts_seen() as seen:
         result = job.execute_in_process(instance=instance, raise_on_error=False, **options)

@@ -5,19 +5,22 @@ by ``dg launch``, ``dagster asset materialize``, ``zarrfeed demo`` or ``execute_
 has no launcher to ask: killed, it stays STARTED, holds a run slot (``max_concurrent_runs``)
 and its pool slots, and a queued run waits until the maximum runtime.
 
-Every zarrfeed run says where it runs: the store resource tags the run with its host, boot
-and pid namespace (:func:`zarrfeed.processes.host_identity`) when a step starts, and
-Dagster's in-process and multiprocess executors log the pid of the process that
-orchestrates the run ("Executing steps … (pid: N)").  The ``dead_runs`` sensor, on the
-daemon's host, fails every started run of that host whose orchestrating process no longer
-exists — or is a newer process that reuses its pid, or the host has rebooted since — with a
-message saying so, which ``zarrfeed status`` shows as the cause.
+Every zarrfeed run says where it runs: the store resource, which every step uses, tags the
+run when a step starts with its host, boot and pid namespace
+(:func:`zarrfeed.processes.host_identity`) and with the pid of the process that orchestrates
+the run (:func:`orchestrating_pid`).  The ``dead_runs`` sensor, on the daemon's host, fails
+every started run of that host whose orchestrating process no longer exists — or is a newer
+process that reuses its pid, or the host has rebooted since — with a message saying so,
+which ``zarrfeed status`` shows as the cause.
 Runs on other hosts are left to a daemon there; runs without a recorded process (a Celery
-run, a run not yet started) to Dagster's own monitoring.
+run, a run whose first step has not started) to Dagster's own monitoring.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 import time
 
 import dagster as dg
@@ -25,20 +28,26 @@ import dagster as dg
 from zarrfeed.processes import HOST_TAG, host_identity, process_alive, rebooted
 
 IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-# Messages of the engine events Dagster's executors log in the run's orchestrating process.
-ORCHESTRATOR_EVENTS = ("Executing steps in process", "Executing steps using multiprocess")
+PID_TAG = "zarrfeed/pid"  # the run tag holding the pid of the process orchestrating the run
 
 
-def orchestrator_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
-    """The pid Dagster's executor logged for the process that orchestrates ``run_id``."""
-    records = instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
-    for record in records:
-        event = record.dagster_event
-        if event is not None and (event.message or "").startswith(ORCHESTRATOR_EVENTS):
-            pid = event.event_specific_data.metadata.get("pid")
-            if pid is not None:
-                return int(pid.value)
-    return None
+def orchestrating_pid() -> int | None:
+    """The pid of the process that orchestrates the run of the step executing here: this
+    process under an in-process executor (``execute_in_process``, ``dg.materialize``, ``dg
+    launch``), its parent when Dagster's multiprocess executor started it (through Python's
+    ``multiprocessing``, whatever the start method), and none in a Celery worker, whose
+    run's process lives elsewhere."""
+    celery = sys.modules.get("celery")
+    if celery is not None and celery.current_task:
+        return None
+    parent = multiprocessing.parent_process()
+    return parent.pid if parent is not None else os.getpid()
+
+
+def orchestrator_pid(run: dg.DagsterRun) -> int | None:
+    """The pid of the process that orchestrates ``run``, as its steps tagged it."""
+    pid = run.tags.get(PID_TAG)
+    return int(pid) if pid is not None else None
 
 
 def fail_dead_runs(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
@@ -51,8 +60,7 @@ def fail_dead_runs(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
         host = run.tags.get(HOST_TAG, "")
         if host != here and not rebooted(host):
             continue  # another host or container: its own dead_runs sensor judges
-        pid = orchestrator_pid(instance, run.run_id)
-        if pid is None:
+        if (pid := orchestrator_pid(run)) is None:
             continue
         if host == here and process_alive(pid, record.start_time):
             continue

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from zarrfeed import defaults
 from zarrfeed.datasets import Retention
+from zarrfeed.jobs.liveness import PID_TAG, orchestrating_pid
 from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import ZarrStore
@@ -35,11 +36,17 @@ class ZarrStoreResource(dg.ConfigurableResource):
     keep_days: float = Field(7.0, description="… and every dataset version younger than this")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """Tag the run with the host it executes on, so that the ``dead_runs`` sensor can
-        tell a run whose process is gone (every zarrfeed step uses this resource)."""
+        """Tag the run with the host it executes on and the process that orchestrates it, so
+        that the ``dead_runs`` sensor can tell a run whose process is gone (every zarrfeed
+        step uses this resource)."""
         run, instance = context.run, context.instance
-        if run is not None and instance is not None and run.tags.get(HOST_TAG) != host_identity():
-            instance.add_run_tags(run.run_id, {HOST_TAG: host_identity()})
+        if run is None or instance is None:
+            return
+        tags = {HOST_TAG: host_identity()}
+        if (pid := orchestrating_pid()) is not None:
+            tags[PID_TAG] = str(pid)
+        if any(run.tags.get(k) != v for k, v in tags.items()):
+            instance.add_run_tags(run.run_id, tags)
 
     def storage_options(self) -> dict[str, Any] | None:
         options = {
