@@ -1,4 +1,4 @@
-"""The datasets as torch Datasets: plain DataLoaders, the README's snippets as a script,
+"""The datasets as torch Datasets: plain DataLoaders, the docs' snippets as a script,
 transforms, and patch samplers."""
 
 import functools
@@ -31,7 +31,7 @@ from zarrfeed.training.data.protocols import WorkerSettings
 from zarrfeed.training.data.workers import init_worker
 from zarrfeed.transforms.sparse import occupancy_coords
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TRAINING_DATA = Path(__file__).resolve().parents[1] / "docs" / "training-data.md"
 
 
 def same(a: dict, b: dict) -> None:
@@ -85,20 +85,18 @@ def test_every_dataset_batches_in_a_plain_dataloader(built):
     assert batch["counts"].tolist() == [len(points[0]["coords"]), len(points[1]["coords"])]
 
 
-def readme_blocks(section: str) -> list[str]:
-    """The python blocks of one ``##`` section of the README."""
-    text = README.read_text()
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", body, re.S)
+def python_blocks(page: Path) -> list[str]:
+    """The python blocks of one page of the docs."""
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
 
 
 @pytest.mark.slow
-def test_the_readme_training_snippets_run_as_a_top_level_script(built, tmp_path):
+def test_the_docs_training_snippets_run_as_a_top_level_script(built, tmp_path):
     """No ``__main__`` guard: forkserver workers would re-run the script; auto picks fork.
     An explicit forkserver fails in one line naming the fix; under a guard auto keeps
     forkserver."""
     store, _ = built
-    blocks = readme_blocks("Training data")
+    blocks = python_blocks(TRAINING_DATA)
     assert "make_loader(" in blocks[0] and "DataLoader(" in blocks[1]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "zarrfeed.zarr").symlink_to(Path(store.url))

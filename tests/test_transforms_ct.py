@@ -88,7 +88,7 @@ def test_ct_clip_preset_end_to_end():
 
 def test_ct_clip_differs_from_the_graph_hu_and_its_window_by_axes_and_clip_order():
     """The graph's ct_hu (HU preset with CT-CLIP's spacing and crop/pad) followed by the
-    ``ct-clip`` window is CT-CLIP's volume only up to what the README says: the in-plane
+    ``ct-clip`` window is CT-CLIP's volume only up to what docs/raw-data.md says: the in-plane
     axes are swapped, and clipping comes after resampling there (same where no voxel lies
     outside [-1000, 1000]; within float16 and int16 rounding)."""
     rng = np.random.default_rng(2)
