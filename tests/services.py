@@ -497,3 +497,74 @@ class Deployment:
                     os.environ[k] = v
         with instance:
             yield instance
+
+
+# -- additions for the production-shape benchmark and UI test ------------------------------
+
+
+def launch_asset_backfill(
+    d: Deployment,
+    assets: Sequence[str],
+    partitions: Sequence[str],
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """A backfill of ``assets`` (asset key strings) over ``partitions`` as the UI's
+    Materialize dialog sends it: ``launchPartitionBackfill`` with an asset selection.  The
+    webserver only stores it; the backfill daemon's next tick makes the runs, over ranges of
+    the assets' backfill policy."""
+    data = d.graphql(
+        """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+             __typename ... on LaunchBackfillSuccess { backfillId }
+             ... on PythonError { message } } }""",
+        {
+            "p": {
+                "assetSelection": [{"path": a.split("/")} for a in assets],
+                "partitionNames": list(partitions),
+                "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()],
+            }
+        },
+    )["launchPartitionBackfill"]
+    assert data["__typename"] == "LaunchBackfillSuccess", data
+    return data["backfillId"]
+
+
+def set_sensor_cursor(d: Deployment, name: str, cursor: str) -> None:
+    """Set sensor ``name``'s cursor, as its page in the UI does."""
+    data = d.graphql(
+        "mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s,"
+        " cursor: $c) { __typename ... on PythonError { message } } }",
+        {"s": {**d.selector(), "sensorName": name}, "c": cursor},
+    )["setSensorCursor"]
+    assert data["__typename"] == "Sensor", data
+
+
+def start_sensor(d: Deployment, name: str) -> None:
+    """Start sensor ``name``, as its toggle in the UI does."""
+    data = d.graphql(
+        "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename"
+        " ... on PythonError { message } } }",
+        {"s": {**d.selector(), "sensorName": name}},
+    )["startSensor"]
+    assert data["__typename"] == "Sensor", data
+
+
+def restart_daemon(d: Deployment, dagster_yaml: str, timeout: float = 120) -> None:
+    """Stop the daemon, write ``dagster_yaml`` as the instance's configuration, start the daemon
+    again and wait until each of its daemons has beaten since (run processes started from now
+    on read the new file too)."""
+    d.kill("daemon", signal.SIGTERM)
+    (d.home / "dagster.yaml").write_text(dagster_yaml)
+    since = time.time()
+    d.start_daemon()
+    wanted = {"QUEUED_RUN_COORDINATOR", "SENSOR", "BACKFILL"}
+
+    def beating() -> bool:
+        data = d.graphql(
+            "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy"
+            " lastHeartbeatTime } } } }"
+        )
+        statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
+        fresh = {s["daemonType"] for s in statuses if (s["lastHeartbeatTime"] or 0) > since}
+        return wanted <= fresh
+
+    d.wait_until(beating, timeout, "the restarted daemon's first heartbeats")
