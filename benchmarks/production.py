@@ -13,12 +13,12 @@ with each configuration), each over partitions of its own.  Imported by ``scale.
 """
 
 import argparse
+import contextlib
 import copy
 import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from services import (
     REPO,
     Deployment,
     launch_asset_backfill,
+    pgbouncer,
     postgres_database,
     redis_database,
     restart_daemon,
@@ -64,6 +65,12 @@ LEVERS: dict[str, tuple[tuple[str, ...], Any, Any]] = {
 }  # fmt: skip
 
 
+# The levers measured one by one by leaving them out of the tuned set (the sensors' threads
+# with the sensor; the schedules' and backfills' threads have nothing to act on here: no
+# schedule runs, and an asset backfill creates its runs in one thread whatever they are).
+LOOSE = ("dequeue_num_workers", "max_concurrent_runs", "backfill_tag_limit")
+
+
 def instance_config(base: Mapping[str, Any], tuned: set[str]) -> str:
     """``base`` with the levers in ``tuned`` at their tuned value and the others at today's."""
     config = copy.deepcopy(dict(base))
@@ -86,6 +93,7 @@ class Case:
     per_run: int
     how: str = "backfill"  # or "sensor"
     pool: int = 8  # zarrfeed_io's limit (the raw step's pool)
+    pooler: bool = True  # every process reaches Postgres through PgBouncer
 
 
 @dataclass
@@ -199,15 +207,20 @@ def wait_runs(d: Deployment, tags: Mapping[str, str], partitions: int, timeout: 
     )
 
 
-@contextmanager
-def deployment(work: Path, sizes: list[int], sleep: float, fail: str = "") -> Iterator[Deployment]:
+@contextlib.contextmanager
+def deployment(work: Path, sizes: list[int], sleep: float, pooler: bool) -> Iterator[Deployment]:
     """The production shape serving production_defs.py (copies of ``sizes`` partitions per
-    run), 50,000 partitions registered before the daemon starts, two Celery workers."""
+    run), 50,000 partitions registered before the daemon starts, two Celery workers; every
+    process reaches Postgres through PgBouncer if ``pooler``."""
     base = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
-    with postgres_database() as pg, redis_database() as broker:
+    with contextlib.ExitStack() as stack:
+        pg = stack.enter_context(postgres_database())
+        broker = stack.enter_context(redis_database())
+        if pooler:
+            pg = {**pg, "DAGSTER_PG_PORT": str(stack.enter_context(pgbouncer(work / "pgb")))}
         env = {**pg, **broker, "ZARRFEED_EXECUTOR": "celery",
                "ZARRFEED_BENCH_PER_RUN": ",".join(map(str, sizes)),
-               "ZARRFEED_BENCH_SLEEP": str(sleep), "ZARRFEED_BENCH_FAIL": fail}  # fmt: skip
+               "ZARRFEED_BENCH_SLEEP": str(sleep)}  # fmt: skip
         home = work / "home"
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text(instance_config(base, set()))
@@ -245,7 +258,7 @@ def measure(d: Deployment, case: Case, window: range) -> Measured:
             start_sensor(d, sensor)
             STARTED.add(sensor)
         tags = {"dagster/sensor_name": sensor}
-    runs = wait_runs(d, tags, len(partitions), timeout=120 + 3 * len(partitions))
+    runs = wait_runs(d, tags, len(partitions), timeout=180 + 6 * len(partitions))
     ids = [r.run_id for r in runs]
     SEEN.update(ids)  # a sensor's runs of earlier cases are not this case's
     with d.instance() as instance:
@@ -261,7 +274,9 @@ SEEN: set[str] = set()  # runs measured already
 def report(m: Measured) -> None:
     p = m.phases
     print(f"# {m.case.name}: {m.partitions} partitions in {m.runs} runs of up to "
-          f"{m.case.per_run}, launched by {m.case.how}: {m.wall:.1f} s launch to last run end, "
+          f"{m.case.per_run}, launched by {m.case.how}"
+          f"{', Postgres through PgBouncer' if m.case.pooler else ''}: "
+          f"{m.wall:.1f} s launch to last run end, "
           f"{m.per_s:.2f} partitions/s ({m.sustained:.2f}/s from the first run created), first "
           f"step {m.first_build:.1f} s after launch; daemon tick wait "
           f"{p['daemon tick wait']:.1f} s; run creation {m.creation:.1f} s wall; summed over "
@@ -275,28 +290,38 @@ def production(work: Path, n: int, sleep: float, scan_cpu_s: float, tuned_per_ru
     base = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
     all_tuned = set(LEVERS)
     cases = [
-        Case("today", set(), TODAY_PER_RUN),
+        Case("today", set(), TODAY_PER_RUN, pooler=False),
+        Case("today.sensor", set(), TODAY_PER_RUN, how="sensor", pooler=False),
+        Case("tuned-pgbouncer", all_tuned, tuned_per_run, pooler=False),
         Case("tuned", all_tuned, tuned_per_run),
         Case("tuned.sensor", all_tuned, tuned_per_run, how="sensor"),
-        Case("today.sensor", set(), TODAY_PER_RUN, how="sensor"),
         Case("tuned-per_run", all_tuned, TODAY_PER_RUN),
         Case("tuned+pool1", all_tuned, tuned_per_run, pool=1),
-        *[Case(f"tuned-{lever}", all_tuned - {lever}, tuned_per_run) for lever in LEVERS],
-    ]
+        *[Case(f"tuned-{lever}", all_tuned - {lever}, tuned_per_run) for lever in LOOSE],
+        Case("tuned.sensor-sensors_threads", all_tuned - {"sensors_threads"}, tuned_per_run,
+             how="sensor"),
+    ]  # fmt: skip
     only = os.environ.get("ZARRFEED_BENCH_CASES")  # e.g. "today,tuned" for a short run
     if only:
         cases = [c for c in cases if c.name in only.split(",")]
     sizes = sorted({c.per_run for c in cases})
     found: dict[str, Measured] = {}
-    with deployment(work, sizes, sleep) as d:
-        current: str | None = None
-        for i, case in enumerate(cases):
-            config = instance_config(base, case.tuned)
-            if config != current:
-                restart_daemon(d, config)
-                current = config
-            m = found[case.name] = measure(d, case, range(i * n, (i + 1) * n))
-            report(m)
+    start = 0
+    for pooler in (False, True):
+        group = [c for c in cases if c.pooler == pooler]
+        if not group:
+            continue
+        STARTED.clear()
+        with deployment(work / f"pooler{int(pooler)}", sizes, sleep, pooler) as d:
+            current: str | None = None
+            for case in group:
+                config = instance_config(base, case.tuned)
+                if config != current:
+                    restart_daemon(d, config)
+                    current = config
+                m = found[case.name] = measure(d, case, range(start, start + n))
+                start += n
+                report(m)
     lines(found, n, sleep, scan_cpu_s)
 
 
@@ -311,7 +336,8 @@ def lines(found: dict[str, Measured], n: int, sleep: float, scan_cpu_s: float) -
             continue
         hours = (REGISTERED / m.sustained + m.phases["daemon tick wait"]) / 3600
         bench(f"scale.production_partitions_per_s.{how}", m.sustained, "partitions/s",
-              f"tuned, {m.runs} runs of up to {m.case.per_run}, first run created to last "
+              f"tuned{' (PgBouncer)' if m.case.pooler else ''}, {m.runs} runs of up to "
+              f"{m.case.per_run}, first run created to last "
               f"run end ({m.per_s:.2f}/s from the launch); {where}; extrapolated: "
               f"{REGISTERED} partitions in {hours:.2f} h")  # fmt: skip
     if "tuned" in found:
@@ -328,16 +354,19 @@ def lines(found: dict[str, Measured], n: int, sleep: float, scan_cpu_s: float) -
     if "today" in found and "tuned" in found:
         a, b = found["today"], found["tuned"]
         bench("scale.production_vs_defaults", b.sustained / a.sustained, "x",
-              f"tuned {b.sustained:.2f} partitions/s ({b.runs} runs of up to {b.case.per_run}) "
+              f"tuned {b.sustained:.2f} partitions/s ({b.runs} runs of up to {b.case.per_run}"
+              f"{', PgBouncer' if b.case.pooler else ''}) "
               f"/ today's deploy/dagster.yaml and batch size {a.sustained:.2f} partitions/s "
-              f"({a.runs} runs of up to {a.case.per_run}), the same N, one after the other in "
-              f"one deployment; {where}")  # fmt: skip
+              f"({a.runs} runs of up to {a.case.per_run}, Postgres direct), the same N, in "
+              f"this one run; {where}")  # fmt: skip
     for name, m in found.items():
-        if name.startswith("tuned-") or name == "tuned+pool1":
-            bench(f"scale.production_lever.{name.removeprefix('tuned')}",
-                  m.sustained / found["tuned"].sustained if "tuned" in found else 0, "x",
-                  f"{m.sustained:.2f} partitions/s with the tuned settings but "
-                  f"{name.removeprefix('tuned')} / tuned; {where}")  # fmt: skip
+        base = "tuned.sensor" if m.case.how == "sensor" else "tuned"
+        if name.startswith(f"{base}-") or name == "tuned+pool1":
+            change = name.removeprefix(base)
+            bench(f"scale.production_lever.{m.case.how}{change}",
+                  found[base].sustained / m.sustained if base in found else 0, "x",
+                  f"what the lever gives: tuned {base} partitions/s / the same with {change} "
+                  f"({m.sustained:.2f}/s); {where}")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -568,3 +569,57 @@ def restart_daemon(d: Deployment, dagster_yaml: str, timeout: float = 120) -> No
         return wanted <= fresh
 
     d.wait_until(beating, timeout, "the restarted daemon's first heartbeats")
+
+
+PGBOUNCER = ("/usr/sbin/pgbouncer", "apt-get install -y pgbouncer")
+
+
+@contextlib.contextmanager
+def pgbouncer(folder: Path) -> Iterator[int]:
+    """PgBouncer on 127.0.0.1 (a free port, yielded) in session mode in front of the
+    machine's Postgres, stopped by PID.
+
+    Dagster's Postgres storages open a new connection for every write (SQLAlchemy's
+    ``NullPool``), and each costs Postgres a backend process; PgBouncer hands the client an
+    idle server connection instead.  Session mode keeps every session's semantics
+    (``LISTEN``, prepared statements), so Dagster needs no change but the port."""
+    exe = Path(shutil.which("pgbouncer") or PGBOUNCER[0])
+    if not exe.exists():
+        raise ServiceDown(f"PgBouncer is not installed: {PGBOUNCER[1]}")
+    require("PostgreSQL", PG_PORT)
+    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "users.txt").write_text('"postgres" ""\n')
+    ini = folder / "pgbouncer.ini"
+    ini.write_text(
+        f"[databases]\n* = host={HOST} port={PG_PORT}\n\n[pgbouncer]\n"
+        f"listen_addr = {HOST}\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\npool_mode = session\n"
+        "max_client_conn = 2000\ndefault_pool_size = 50\n"
+        # dagster-postgres passes statement_timeout as a startup option in the webserver
+        "ignore_startup_parameters = extra_float_digits,options\n"
+    )
+    # PgBouncer refuses to run as root: it reads its files first, then becomes postgres.
+    user = ["-u", "postgres"] if os.getuid() == 0 else []
+    with open(folder / "pgbouncer.log", "a") as log:
+        proc = subprocess.Popen([str(exe), *user, str(ini)], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+
+        def answers() -> bool:
+            try:
+                socket.create_connection((HOST, port), timeout=1).close()
+                return True
+            except OSError:
+                if proc.poll() is not None:
+                    raise ServiceDown(
+                        f"PgBouncer exited: {(folder / 'pgbouncer.log').read_text()[-1500:]}"
+                    ) from None
+                return False
+
+        wait_for(answers, 30, f"PgBouncer on {HOST}:{port}")
+        yield port
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
