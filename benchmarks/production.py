@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import copy
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,7 @@ from _bench import bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from services import (
+    PGBOUNCER,
     REPO,
     Deployment,
     launch_asset_backfill,
@@ -310,6 +312,10 @@ def production(work: Path, n: int, sleep: float, scan_cpu_s: float, tuned_per_ru
     for pooler in (False, True):
         group = [c for c in cases if c.pooler == pooler]
         if not group:
+            continue
+        if pooler and not (shutil.which("pgbouncer") or Path(PGBOUNCER[0]).exists()):
+            print(f"# {', '.join(c.name for c in group)} skipped: PgBouncer is not installed "
+                  f"({PGBOUNCER[1]})", flush=True)  # fmt: skip
             continue
         STARTED.clear()
         with deployment(work / f"pooler{int(pooler)}", sizes, sleep, pooler) as d:
