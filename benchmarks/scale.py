@@ -5,6 +5,9 @@ training dataset at 50,000 partitions; and the store on a SeaweedFS server vs th
     python benchmarks/scale.py --quick    # 300 of each, small CT settings, 4 small volumes for
                                           # the S3 training epochs (CI smoke run)
     python benchmarks/scale.py --only s3  # only the object-storage lines (s3.*)
+    python benchmarks/scale.py --production [--production-n 64]   # only the production
+                                          # shape's orchestration lines (scale.production_*,
+                                          # benchmarks/production.py): daemon, Postgres, Celery
 
 What is synthetic (real data would not fit this machine): the raw tree is empty CT-RATE-named
 NIfTI files (a few tiny real ones for the runs that read them) with a 50,000-row metadata
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import production
 from _bench import bench, best_of, ratio
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
@@ -611,8 +615,12 @@ def main() -> None:
         "discovery they need), the S3 ones, or only the training epochs from S3 (with "
         "LitData's first epoch)",
     )
+    production.add_arguments(parser)
     args = parser.parse_args()
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp())
+    if args.production:
+        with tempfile.TemporaryDirectory() as tmp:
+            return production.main(Path(tmp), args)
     n, more, runs = (300, 30, 2) if args.quick else (50_000, 1000, 9)
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "scale", "manifests"):

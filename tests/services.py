@@ -15,6 +15,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -497,3 +498,128 @@ class Deployment:
                     os.environ[k] = v
         with instance:
             yield instance
+
+
+# -- additions for the production-shape benchmark and UI test ------------------------------
+
+
+def launch_asset_backfill(
+    d: Deployment,
+    assets: Sequence[str],
+    partitions: Sequence[str],
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """A backfill of ``assets`` (asset key strings) over ``partitions`` as the UI's
+    Materialize dialog sends it: ``launchPartitionBackfill`` with an asset selection.  The
+    webserver only stores it; the backfill daemon's next tick makes the runs, over ranges of
+    the assets' backfill policy."""
+    data = d.graphql(
+        """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+             __typename ... on LaunchBackfillSuccess { backfillId }
+             ... on PythonError { message } } }""",
+        {
+            "p": {
+                "assetSelection": [{"path": a.split("/")} for a in assets],
+                "partitionNames": list(partitions),
+                "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()],
+            }
+        },
+    )["launchPartitionBackfill"]
+    assert data["__typename"] == "LaunchBackfillSuccess", data
+    return data["backfillId"]
+
+
+def set_sensor_cursor(d: Deployment, name: str, cursor: str) -> None:
+    """Set sensor ``name``'s cursor, as its page in the UI does."""
+    data = d.graphql(
+        "mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s,"
+        " cursor: $c) { __typename ... on PythonError { message } } }",
+        {"s": {**d.selector(), "sensorName": name}, "c": cursor},
+    )["setSensorCursor"]
+    assert data["__typename"] == "Sensor", data
+
+
+def start_sensor(d: Deployment, name: str) -> None:
+    """Start sensor ``name``, as its toggle in the UI does."""
+    data = d.graphql(
+        "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename"
+        " ... on PythonError { message } } }",
+        {"s": {**d.selector(), "sensorName": name}},
+    )["startSensor"]
+    assert data["__typename"] == "Sensor", data
+
+
+def restart_daemon(d: Deployment, dagster_yaml: str, timeout: float = 120) -> None:
+    """Stop the daemon, write ``dagster_yaml`` as the instance's configuration, start the daemon
+    again and wait until each of its daemons has beaten since (run processes started from now
+    on read the new file too)."""
+    d.kill("daemon", signal.SIGTERM)
+    (d.home / "dagster.yaml").write_text(dagster_yaml)
+    since = time.time()
+    d.start_daemon()
+    wanted = {"QUEUED_RUN_COORDINATOR", "SENSOR", "BACKFILL"}
+
+    def beating() -> bool:
+        data = d.graphql(
+            "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy"
+            " lastHeartbeatTime } } } }"
+        )
+        statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
+        fresh = {s["daemonType"] for s in statuses if (s["lastHeartbeatTime"] or 0) > since}
+        return wanted <= fresh
+
+    d.wait_until(beating, timeout, "the restarted daemon's first heartbeats")
+
+
+PGBOUNCER = ("/usr/sbin/pgbouncer", "apt-get install -y pgbouncer")
+
+
+@contextlib.contextmanager
+def pgbouncer(folder: Path) -> Iterator[int]:
+    """PgBouncer on 127.0.0.1 (a free port, yielded) in session mode in front of the
+    machine's Postgres, stopped by PID.
+
+    Dagster's Postgres storages open a new connection for every write (SQLAlchemy's
+    ``NullPool``), and each costs Postgres a backend process; PgBouncer hands the client an
+    idle server connection instead.  Session mode keeps every session's semantics
+    (``LISTEN``, prepared statements), so Dagster needs no change but the port."""
+    exe = Path(shutil.which("pgbouncer") or PGBOUNCER[0])
+    if not exe.exists():
+        raise ServiceDown(f"PgBouncer is not installed: {PGBOUNCER[1]}")
+    require("PostgreSQL", PG_PORT)
+    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "users.txt").write_text('"postgres" ""\n')
+    ini = folder / "pgbouncer.ini"
+    ini.write_text(
+        f"[databases]\n* = host={HOST} port={PG_PORT}\n\n[pgbouncer]\n"
+        f"listen_addr = {HOST}\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\npool_mode = session\n"
+        "max_client_conn = 2000\ndefault_pool_size = 50\n"
+        # dagster-postgres passes statement_timeout as a startup option in the webserver
+        "ignore_startup_parameters = extra_float_digits,options\n"
+    )
+    # PgBouncer refuses to run as root: it reads its files first, then becomes postgres.
+    user = ["-u", "postgres"] if os.getuid() == 0 else []
+    with open(folder / "pgbouncer.log", "a") as log:
+        proc = subprocess.Popen([str(exe), *user, str(ini)], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+
+        def answers() -> bool:
+            try:
+                socket.create_connection((HOST, port), timeout=1).close()
+                return True
+            except OSError:
+                if proc.poll() is not None:
+                    raise ServiceDown(
+                        f"PgBouncer exited: {(folder / 'pgbouncer.log').read_text()[-1500:]}"
+                    ) from None
+                return False
+
+        wait_for(answers, 30, f"PgBouncer on {HOST}:{port}")
+        yield port
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
