@@ -16,10 +16,10 @@ import torch
 from zarrfeed.cli import main
 from zarrfeed.errors import ConfigError
 from zarrfeed.training import CTPatchDataset
+from zarrfeed.training.checkpoints import RunFolderHeld
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DevicePatches
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
-from zarrfeed.training.checkpoints import RunFolderHeld
 from zarrfeed.training.runtime import amp_policy, make_optimizer
 from zarrfeed.training.trainer import train
 

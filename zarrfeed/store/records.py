@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from zarrfeed.store.zarrstore import ZarrStore
 
 # Of .zarrfeed/indexes/<asset>.json: {layout, position, partitions}; 3: summaries hold the
-# params (the per-dataset settings' values, datasets.rules.mixed_settings), so older ones are read again.
+# params (the per-dataset settings' values, datasets.rules.mixed_settings), so older ones
+# are read again.
 INDEX_LAYOUT = 3
 PROVENANCE = ("source", "source_sha256", "code_version", "fingerprint")
 SUMMARY_ATTRS = (*PROVENANCE, "source_stamp", UPSTREAM, CONTENT, "params")
