@@ -391,7 +391,7 @@ def test_reading_the_declaration_imports_no_torch():
 
 
 def test_the_default_recipes_run_batched_equal_to_per_sample():
-    ct = Augment()
+    ct = Augment(AugmentConfig(recipe="ct"))
     b = {"image": torch.rand(4, 1, 8, 16, 16).half()}
     assert_same_batch(ct.apply(b, 0, 1, range(4)), one_at_a_time(ct.pipeline, b, 0, 1,
                       list(range(4))), atol=1e-2)  # fmt: skip
@@ -455,7 +455,7 @@ CASES = {
         {n: replace(m(2), p=1.0) for n, m in HALF.items()},
         torch.bfloat16,
     ),
-    "the CT recipe, float16": (3, {n: getattr(AugmentConfig(), n) for n in HALF}, torch.float16),
+    "the CT recipe, float16": (3, {n: getattr(AugmentConfig(recipe="ct"), n) for n in HALF}, torch.float16),
     "flips and turns only (gather)": (
         3,
         {"flip": Flip(p=1.0), "rot90": Rot90(p=1.0)},

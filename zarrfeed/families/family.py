@@ -11,9 +11,9 @@ A :class:`Family` (CT scans, spike sequences, image sets, or one of your own) na
   builder of one partition;
 - its dataset: the manifest of the keys complete in every stage, the consolidated
   :class:`Table` s training reads, and :class:`Extra` tables from outside the stores;
-- its training readers (:class:`Reader`) and training tasks (``module:Class`` of each,
-  found by training through :mod:`zarrfeed.families.registry`), and optionally a hub
-  source of raw items.
+- its training readers (:class:`Reader`), training tasks (``module:Class`` of each,
+  found by training through :mod:`zarrfeed.families.registry`) and augmentation recipes,
+  and optionally a hub source of raw items.
 
 The Dagster assets, checks, dependencies, jobs, discovery sensors and nightly schedules
 (``zarrfeed.assets``, ``zarrfeed.jobs``, ``zarrfeed.components``), the manifests, the CLI's
@@ -43,6 +43,12 @@ RawFacts = tuple[dict[str, Any], bool, dict[str, Any]]
 Builder = Callable[[Inputs, str], Step]  # (inputs, partition key) -> how to build it
 
 
+def claims_nothing(tree: Tree) -> list[Path]:
+    """The default claim: no folder (a module function, so a declaration pickles into the
+    worker processes that build full-size items)."""
+    return []
+
+
 @dataclass(frozen=True)
 class RawSource:
     """A family's raw items, as discovery finds them and its raw-ingest asset reports them."""
@@ -63,7 +69,7 @@ class RawSource:
     memory_per_byte: float = 16.0
     # The folders of a walk this family owns with everything under them (a spike dataset's
     # frames are no image sets): other families' discovery does not see them.
-    claims: Callable[[Tree], list[Path]] = lambda tree: []
+    claims: Callable[[Tree], list[Path]] = claims_nothing
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,10 @@ class Family:
     # Its training tasks by import path (``module:Class``): the declaration imports no
     # training code, and training names no family.
     tasks: tuple[str, ...] = ()
+    # Named augmentation recipes for its batches (``data.augment: {recipe: NAME}``): each
+    # maps operation names to their defaults (``zarrfeed.transforms.augment.ops``), ``keys``
+    # to each batch key's role, and optionally ``spatial_dims``.
+    augment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -44,39 +44,23 @@ if TYPE_CHECKING:
 
 OPERATIONS = ("flip", "rot90", "affine", "elastic", "intensity", "gamma", "noise", "blur")
 
-RECIPES: dict[str, dict[str, Any]] = {
-    # CT patches (N, 1, z, y, x), windows in [0, 1]: flips on every axis, quarter turns in
-    # the axial plane, a small affine, mild intensity changes and noise.
-    "ct": {
-        "keys": {"image": "image"},
-        "flip": Flip(p=0.5, axes=(0, 1, 2)),
-        "rot90": Rot90(p=0.5, axes=(1, 2)),
-        "affine": Affine(p=0.2, rotate=10.0, scale=(0.9, 1.1)),
-        "intensity": Intensity(p=0.5, scale=(0.9, 1.1), shift=(-0.05, 0.05)),
-        "noise": Noise(p=0.3, std=(0.0, 0.03)),
-    },
-    # Image patches (N, C, H, W) in [0, 1] with their defect mask.
-    "image": {
-        "keys": {"image": "image", "mask": "mask"},
-        "flip": Flip(p=0.5, axes=(0, 1)),
-        "rot90": Rot90(p=0.5, axes=(0, 1)),
-        "affine": Affine(p=0.3, rotate=15.0, scale=(0.9, 1.1), translate=4.0),
-        "intensity": Intensity(p=0.5, scale=(0.8, 1.2), shift=(-0.1, 0.1)),
-        "gamma": Gamma(p=0.3, range=(0.7, 1.5)),
-        "noise": Noise(p=0.2, std=(0.0, 0.03)),
-        "blur": Blur(p=0.2, sigma=(0.5, 1.0)),
-    },
-    # Spike clips: blur and sharp frames (N, L, 3, H, W), voxels (N, L, bins, H, W), all
-    # moved alike in their last two axes; no intensity operation (the sharp frames are the
-    # blurred ones' target, the voxels spike counts).
-    "spike": {
-        "keys": {"blur": "target", "sharp": "target", "voxels": "target"},
-        "spatial_dims": 2,
-        "flip": Flip(p=0.5, axes=(0, 1)),
-        "rot90": Rot90(p=0.5, axes=(0, 1)),
-    },
-    "none": {"keys": {"image": "image"}},
-}
+NONE: dict[str, Any] = {"keys": {"image": "image"}}  # the recipe "none": no operation
+
+
+def recipes() -> dict[str, Mapping[str, Any]]:
+    """Recipe name -> its operations' defaults: ``none`` and every recipe a registered
+    family declares (``Family.augment``); a name two families declare is an error."""
+    from zarrfeed.families.registry import families
+
+    found: dict[str, Mapping[str, Any]] = {"none": NONE}
+    where = {"none": "zarrfeed"}
+    for family in families():
+        for name, recipe in family.augment.items():
+            if name in found:
+                raise ValueError(f"augment recipe {name!r}: declared by {where[name]} and "
+                                 f"{family.name}")  # fmt: skip
+            found[name], where[name] = recipe, family.name
+    return found
 
 
 class AugmentConfig(BaseModel):
@@ -84,8 +68,10 @@ class AugmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    recipe: Literal["ct", "image", "spike", "none"] = Field(
-        "ct", description="the defaults every operation not given here takes"
+    recipe: str = Field(
+        "none",
+        description="the defaults every operation not given here takes: none, or a recipe a "
+        "family declares (ct, image, spike); a task's data section defaults to its own",
     )
     keys: dict[str, Role] = Field(
         default_factory=dict,
@@ -114,9 +100,10 @@ class AugmentConfig(BaseModel):
     def _recipe_defaults(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
-        recipe = RECIPES.get(data.get("recipe", "ct"))
+        known = recipes()
+        recipe = known.get(data.get("recipe", "none"))
         if recipe is None:
-            return data  # the recipe field's own validation names the choices
+            raise ValueError(f"recipe: expected one of {sorted(known)}, got {data['recipe']!r}")
         merged = dict(recipe)
         for name, value in data.items():
             base = recipe.get(name)

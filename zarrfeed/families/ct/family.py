@@ -31,6 +31,7 @@ from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import is_hub
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
+from zarrfeed.transforms.augment.ops import Affine, Flip, Intensity, Noise, Rot90
 from zarrfeed.transforms import ct, hu
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.sparse import window_occupancy
@@ -487,6 +488,17 @@ def write_labels(store: ZarrStore, raw_root: str, keys: list[str], path: str) ->
     return {"labelled": sum(k in rows for k in keys), "labels_sha256": digest[:16]}
 
 
+# CT patches (N, 1, z, y, x), windows in [0, 1]: flips on every axis, quarter turns in the
+# axial plane, a small affine, mild intensity changes and noise.
+AUGMENT: dict[str, Any] = {
+    "keys": {"image": "image"},
+    "flip": Flip(p=0.5, axes=(0, 1, 2)),
+    "rot90": Rot90(p=0.5, axes=(1, 2)),
+    "affine": Affine(p=0.2, rotate=10.0, scale=(0.9, 1.1)),
+    "intensity": Intensity(p=0.5, scale=(0.9, 1.1), shift=(-0.05, 0.05)),
+    "noise": Noise(p=0.3, std=(0.0, 0.03)),
+}
+
 CT = Family(
     name="ct",
     partitions="ct_scans",
@@ -525,4 +537,5 @@ CT = Family(
         "zarrfeed.families.ct.tasks:CTClassification",
         "zarrfeed.families.ct.tasks:SparseAutoencoder",
     ),
+    augment={"ct": AUGMENT},
 )

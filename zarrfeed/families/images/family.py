@@ -24,6 +24,7 @@ from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatab
 from zarrfeed.formats.previews import image_png
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
+from zarrfeed.transforms.augment.ops import Affine, Blur, Flip, Gamma, Intensity, Noise, Rot90
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.spike import to_gray
 
@@ -212,6 +213,18 @@ def set_files(item: RawItem) -> list[Path]:
     return item_files(item)
 
 
+# Image patches (N, C, H, W) in [0, 1] with their defect mask (moved alike, nearest pixel).
+AUGMENT: dict[str, Any] = {
+    "keys": {"image": "image", "mask": "mask"},
+    "flip": Flip(p=0.5, axes=(0, 1)),
+    "rot90": Rot90(p=0.5, axes=(0, 1)),
+    "affine": Affine(p=0.3, rotate=15.0, scale=(0.9, 1.1), translate=4.0),
+    "intensity": Intensity(p=0.5, scale=(0.8, 1.2), shift=(-0.1, 0.1)),
+    "gamma": Gamma(p=0.3, range=(0.7, 1.5)),
+    "noise": Noise(p=0.2, std=(0.0, 0.03)),
+    "blur": Blur(p=0.2, sigma=(0.5, 1.0)),
+}
+
 IMAGES = Family(
     name="images",
     partitions="image_sets",
@@ -233,4 +246,5 @@ IMAGES = Family(
     dataset_version="2",
     readers=(Reader("images", "zarrfeed.training.data.images:ImagePatchDataset"),),
     tasks=("zarrfeed.families.images.tasks:DefectSegmentation",),
+    augment={"image": AUGMENT},
 )

@@ -28,6 +28,7 @@ from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatab
 from zarrfeed.formats.previews import grid_png
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
+from zarrfeed.transforms.augment.ops import Flip, Rot90
 from zarrfeed.transforms import spike as sp
 
 FRAME_KINDS = ("blur", "sharp")  # the frame folders of a sequence, and their arrays
@@ -199,6 +200,16 @@ def sequence_files(item: RawItem) -> list[Path]:
     return spike_sequence(item).files()
 
 
+# Spike clips: blur and sharp frames (N, L, 3, H, W), voxels (N, L, bins, H, W), all moved
+# alike in their last two axes; no intensity operation (the sharp frames are the blurred
+# ones' target, the voxels spike counts).
+AUGMENT: dict[str, Any] = {
+    "keys": {"blur": "target", "sharp": "target", "voxels": "target"},
+    "spatial_dims": 2,
+    "flip": Flip(p=0.5, axes=(0, 1)),
+    "rot90": Rot90(p=0.5, axes=(0, 1)),
+}
+
 SPIKE = Family(
     name="spike",
     partitions="spike_sequences",
@@ -220,4 +231,5 @@ SPIKE = Family(
     dataset_version="2",
     readers=(Reader("spike", "zarrfeed.training.data.spike:SpikeClipDataset"),),
     tasks=("zarrfeed.families.spike.tasks:SpikeDeblurring",),
+    augment={"spike": AUGMENT},
 )
