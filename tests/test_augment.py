@@ -45,6 +45,8 @@ HALF = {  # every operation at p = 0.5, on axes that exist in the batch
     "blur": lambda d: Blur(p=0.5, sigma=(0.5, 1.2)),
 }
 
+CT_RECIPE = AugmentConfig(recipe="ct")  # a family's recipe, through the registry
+
 
 def batch(d: int, n: int = 6, channels: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -455,7 +457,7 @@ CASES = {
         {n: replace(m(2), p=1.0) for n, m in HALF.items()},
         torch.bfloat16,
     ),
-    "the CT recipe, float16": (3, {n: getattr(AugmentConfig(recipe="ct"), n) for n in HALF}, torch.float16),
+    "the CT recipe, float16": (3, {n: getattr(CT_RECIPE, n) for n in HALF}, torch.float16),
     "flips and turns only (gather)": (
         3,
         {"flip": Flip(p=1.0), "rot90": Rot90(p=1.0)},

@@ -31,8 +31,8 @@ from zarrfeed.sources.catalog import RawItem
 from zarrfeed.sources.raw import is_hub
 from zarrfeed.store import ZarrStore
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
-from zarrfeed.transforms.augment.ops import Affine, Flip, Intensity, Noise, Rot90
 from zarrfeed.transforms import ct, hu
+from zarrfeed.transforms.augment.ops import Affine, Flip, Intensity, Noise, Rot90
 from zarrfeed.transforms.patches import PatchGrid, patch_fractions
 from zarrfeed.transforms.sparse import window_occupancy
 from zarrfeed.transforms.stats import finite_range, int16_percentiles

@@ -28,8 +28,8 @@ from zarrfeed.formats.limits import GIB, Bound, claimed_bytes, require_allocatab
 from zarrfeed.formats.previews import grid_png
 from zarrfeed.sources.catalog import RawItem
 from zarrfeed.store.contract import ArraySpec, Check, StoredAsset
-from zarrfeed.transforms.augment.ops import Flip, Rot90
 from zarrfeed.transforms import spike as sp
+from zarrfeed.transforms.augment.ops import Flip, Rot90
 
 FRAME_KINDS = ("blur", "sharp")  # the frame folders of a sequence, and their arrays
 # A GoPro-spike sample is 360×640 × 137 frames (32 MB decoded), a SpikeZoo one 250×400 × 301
