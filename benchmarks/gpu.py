@@ -38,8 +38,10 @@ by a time limit says where the time went; ``--scans 8`` halves the build.
 
 import argparse
 import os
+import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +123,18 @@ def limit(cfg: TrainConfig, ds: CTPatchDataset, device: torch.device, steps: int
         optimizer.zero_grad(set_to_none=True)
 
     return step, lambda: _rate(lambda: batch, step, device, steps, skip, t.batch_size)
+
+
+def limit_as_trained(measure: Callable[[], float], reasons: list[str]) -> tuple[float, int]:
+    """(the limit's samples/s, intra-op threads) with torch's intra-op threads as the
+    trainer ran with them (its loader's reasons say; on a CPU the setting alone moves the
+    step time several times over on a busy machine), measured right after the trainer so
+    that both see the same machine."""
+    found = next((m for r in reasons if (m := re.search(r"intra-op threads: (\d+)", r))), None)
+    if found is not None:
+        torch.set_num_threads(int(found[1]))
+    threads = torch.get_num_threads()
+    return max(measure(), measure()), threads  # the second skips one-off allocation
 
 
 def _rate(next_batch, step, device: torch.device, steps: int, skip: int, per: int) -> float:
@@ -208,7 +222,6 @@ def main() -> None:
         plan = regimes(CTPatchDataset(store, cfg.data.window), batch, device)
         ds = CTPatchDataset(store, cfg.data.window, cache_gb=plan["fits"][0])
         step, measure = limit(cfg, ds, device, steps, skip)
-        first = measure()
         where = (
             torch.cuda.get_device_name(device)
             if device.type == "cuda"
@@ -216,26 +229,25 @@ def main() -> None:
         )
         patch = "x".join(map(str, ds.patch_shape))
         setting = f"CT classifier, {batch}x1x{patch} batches, {scans_at}, amp {amp}, {where}"
-        rates, shares, notes = {}, {}, {}
+        rates, shares, notes, limits = {}, {}, {}, {}
         for regime, (host_gb, device_gb, what) in plan.items():
             share, rate, reasons = train_regime(
                 base, work / regime, host_gb, device_gb, steps, skip
             )
             rates[regime], shares[regime] = rate, share
+            limits[regime], threads = limit_as_trained(measure, reasons)
             print(f"# {regime}: {rate:.0f} samples/s, waiting {share:.1%} "
                   f"({time.perf_counter() - t0:.0f}s so far)", flush=True)  # fmt: skip
             tier = next((r for r in reasons if r.startswith("device cache")), "?")
-            notes[regime] = f"{what}; {tier}"
-        # The limit, measured before and after the regimes: the better of the two (the first
-        # steps of a process pay one-off kernel selection and allocation)
-        ceiling = max(first, measure())
-        bench("gpu.limit_samples_per_s", ceiling, "samples/s",
+            notes[regime] = f"{what}; {tier}; {threads} intra-op threads"
+        bench("gpu.limit_samples_per_s", max(limits.values()), "samples/s",
               f"one batch already on {device}; {setting}")  # fmt: skip
         for regime, rate in rates.items():
             bench(f"gpu.wait_share.{regime}", shares[regime], "share",
                   f"{notes[regime]}; {setting}")  # fmt: skip
-            bench(f"gpu.samples_vs_limit.{regime}", rate / ceiling, "x",
-                  f"{rate:.0f} vs {ceiling:.0f} samples/s")  # fmt: skip
+            bench(f"gpu.samples_vs_limit.{regime}", rate / limits[regime], "x",
+                  f"{rate:.0f} vs {limits[regime]:.0f} samples/s, the limit at the "
+                  "trainer's threads, measured right after it")  # fmt: skip
         theirs, why = monai_rate(ds, step, device, batch, steps, skip)
         if theirs is None:
             print(f"# gpu.vs_monai skipped: {why}")
