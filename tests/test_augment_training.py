@@ -23,7 +23,7 @@ from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DeviceSlots, augment_scratch, pool_layout
 from zarrfeed.training.data.epochs import EpochChain
 from zarrfeed.training.data.sampler import ResumableSampler
-from zarrfeed.training.tasks import TASK_TYPES
+from zarrfeed.training.tasks import TASK_TYPES, make_task
 from zarrfeed.training.trainer import train
 
 CPU = torch.device("cpu")
@@ -225,3 +225,32 @@ def test_a_run_from_yaml_trains_augmented_records_it_and_resumes_exactly(built, 
     # another augmentation is another run: it does not continue this checkpoint
     other = TrainConfig.load(path, out=str(tmp_path / "b"), data={"augment": {"noise": None}})
     assert train(other).resumed_from == 0
+
+
+@pytest.mark.parametrize("task", ["defect_segmentation", "spike_deblur"])
+def test_the_other_dense_tasks_train_with_their_own_recipe(built, tmp_path, task):
+    cfg = config(built, tmp_path, task, steps=2, amp="off", batch_size=2, log_every=1)
+    cfg.data.augment = TrainConfig.model_validate(
+        {"task": task, "data": {"augment": {}}}
+    ).data.augment
+    cfg.dataloader.workers = "0"
+    lines: list[str] = []
+    result = train(cfg, log=lines.append)
+    recipe = type(cfg.data).augment_recipe
+    assert any(f"augment: recipe {recipe}" in s and "per sample" in s for s in lines), lines
+    assert result.step == 2 and all(np.isfinite(result.history["loss"]))
+    # its samples are augmented, each key as its role says, and stay in their dtype's range
+    plain, augmented = make_task(cfg).dataset("train"), make_task(cfg).dataset("train")
+    augmented.augment = Augment(cfg.data.augment)
+    keys = cfg.data.augment.keys
+    moved = 0
+    for index in range(min(8, len(plain))):
+        a, b = plain[index], augmented[index]
+        assert sorted(a) == sorted(b)
+        for k in keys:
+            assert a[k].shape == b[k].shape, (k, index)
+            moved += not torch.equal(a[k].to(b[k].dtype), b[k])
+        if "mask" in keys:  # masks move with their image and keep their labels
+            assert b["mask"].dtype == a["mask"].dtype
+            assert set(b["mask"].unique().tolist()) <= set(a["mask"].unique().tolist()) | {0}
+    assert moved > 0

@@ -292,7 +292,7 @@ class DeviceSlots(_PatchSource):
             raise ValueError(
                 f"device cache budget {self.budget_bytes / 1e6:.1f} MB holds {self.slots} units "
                 f"of {self.slot_bytes / 1e6:.2f} MB besides its tables, staging and gather "
-                f"scratch; a batch may need {layout.need}: raise "
+                f"(and augmentation) scratch; a batch may need {layout.need}: raise "
                 "dataloader.device_cache_gb or lower train.batch_size"
             )
         self.pool = torch.empty(self.slots * self.unit_elems, dtype=self.dtype, device=device)
