@@ -44,7 +44,7 @@ def pool_bytes(ds: CTPatchDataset, slots: int) -> int:
 def device_tier(ds: CTPatchDataset, mode: str, gb: float | None = None) -> tuple[str, list[str]]:
     """(tier, device reasons) the loading plan picks for ``ds`` on the CPU."""
     plan = plan_loading(
-        data_facts(ds, ds.collate, device=True), machine_facts(CPU), World(),
+        data_facts(ds, ds.collate, device=True, batch_size=BATCH), machine_facts(CPU), World(),
         Budgets(BATCH, workers=0, device_cache=mode, device_cache_gb=gb),
     )  # fmt: skip
     return plan.tier, plan.device_reasons

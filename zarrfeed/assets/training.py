@@ -12,6 +12,7 @@ model at a time per pool slot.
 
 # No "from __future__ import annotations": Dagster reads the config annotation at runtime.
 import hashlib
+import typing
 from typing import Any
 
 import dagster as dg
@@ -41,12 +42,25 @@ def dagster_config(defaults: pydantic.BaseModel, name: str) -> type[dg.Config]:
         if issubclass(model, TrainConfig) and field_name in FROM_ASSET:
             continue
         kind, value = info.annotation, getattr(defaults, field_name)
-        if isinstance(value, pydantic.BaseModel):
+        if _optional_model(kind):
+            # an optional section (data.augment): any mapping, which the run's TrainConfig
+            # validates as it does a YAML file's (Dagster's maps hold no nulls: "off")
+            given = value.model_dump(mode="json") if value is not None else None
+            fields[field_name] = (Any, FieldInfo(default=given, description=info.description))
+        elif isinstance(value, pydantic.BaseModel):
             section = dagster_config(value, f"{name}{type(value).__name__}")
             fields[field_name] = (section, FieldInfo(default_factory=section))
         else:
             fields[field_name] = (kind, FieldInfo(default=value, description=info.description))
     return pydantic.create_model(name, __base__=dg.Config, __doc__=model.__doc__, **fields)
+
+
+def _optional_model(kind: Any) -> bool:
+    """Whether ``kind`` is ``SomeModel | None`` (which Dagster config cannot hold)."""
+    members = typing.get_args(kind)
+    return type(None) in members and any(
+        isinstance(m, type) and issubclass(m, pydantic.BaseModel) for m in members
+    )
 
 
 def model_asset(task: str) -> dg.AssetsDefinition:

@@ -167,3 +167,16 @@ class Augment:
         """Peak device bytes one :meth:`apply` allocates beyond its inputs for batches of
         these per-key shapes and dtypes: what a device memory budget must leave free."""
         return self.pipeline.scratch_bytes(shapes, dtypes)
+
+    def batch_scratch(self, sample: Mapping[str, Any], batch_size: int) -> int:
+        """:meth:`scratch_bytes` for batches of ``batch_size`` samples like ``sample`` (one
+        sample before augmentation, its declared keys without the batch axis)."""
+        missing = [k for k in self.pipeline.keys if k not in sample]
+        if missing:
+            raise KeyError(
+                f"augment: the samples have no {missing} (they have {sorted(sample)}); "
+                f"declared keys: {dict(self.pipeline.keys)}"
+            )
+        keys = self.pipeline.keys
+        shapes = {k: (batch_size, *sample[k].shape) for k in keys}
+        return self.scratch_bytes(shapes, {k: sample[k].dtype for k in keys})

@@ -9,8 +9,9 @@ the built-in sample data.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
@@ -26,6 +27,7 @@ from pydantic import (
 
 from zarrfeed import defaults
 from zarrfeed.errors import ConfigError
+from zarrfeed.training.augment import AugmentConfig
 
 
 class Section(BaseModel):
@@ -45,6 +47,29 @@ class DataSection(Section):
         description="the dataset version to read (`zarrfeed datasets list`); default: the "
         "current one, recorded in the run",
     )
+    augment: AugmentConfig | None = Field(
+        None,
+        description="batched, seeded augmentation of the training batches: on the training "
+        "device after the device tier cuts them, else per sample in the loader workers; "
+        "without a recipe it takes the task's own; default: off",
+    )
+    # The recipe ``augment`` takes when it names none (a family's, ``Family.augment``);
+    # None: the task declares none, and ``augment`` is refused.
+    augment_recipe: ClassVar[str | None] = "none"
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _own_recipe(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if cls.augment_recipe is None:
+            raise ValueError(
+                f"{cls.__name__} declares no augmentation recipe (augment_recipe None): "
+                "this task's batches take no augmentation"
+            )
+        if isinstance(value, Mapping) and "recipe" not in value:
+            return {"recipe": cls.augment_recipe, **value}
+        return value
 
 
 class LoaderConfig(Section):

@@ -44,6 +44,8 @@ class TrainResult:
             "peak_memory_mb": round(self.peak_memory_mb, 1),
             "checkpoint": self.checkpoint,
             "data": self.data,
+            # the declared augmentation, every operation's parameters (None: off)
+            "augment": self.config.get("data", {}).get("augment"),
             "per_class": self.per_class,
             "per_class_before": self.per_class_before,
             **({"stopped_by": self.stopped_by} if self.stopped_by else {}),

@@ -42,6 +42,7 @@ from zarrfeed.datasets import snapshots
 from zarrfeed.errors import ConfigError
 from zarrfeed.processes import Held, Hold, hold
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.augment import Augment
 from zarrfeed.training.checkpoints import (
     RunFolderHeld,
     data_fingerprint,
@@ -50,6 +51,7 @@ from zarrfeed.training.checkpoints import (
     write_checkpoint,
 )
 from zarrfeed.training.config import TrainConfig, run_differences
+from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
 from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.report import EventLog, loss_curve_png
@@ -320,6 +322,7 @@ class Trainer:
         torch.manual_seed(c.seed)
         self._pin_dataset_version()
         dataset = self.task.dataset("train")
+        self._augment(dataset)
         if len(dataset) < t.batch_size * self.env.world:
             raise ConfigError(
                 f"{c.task}: {len(dataset)} samples in {c.store} cannot fill one batch of "
@@ -333,6 +336,19 @@ class Trainer:
         finally:
             feed.close()
             dataset.close()
+
+    def _augment(self, dataset: Dataset) -> None:
+        """Give the training dataset the configured augmentation (``data.augment``); the
+        evaluation batches are never augmented."""
+        declared = self.config.data.augment
+        if declared is None:
+            return
+        if not isinstance(dataset, StoreDataset):
+            raise ConfigError(
+                f"{self.config.task}: data.augment is set, but its training dataset "
+                f"{type(dataset).__name__} is no StoreDataset, which applies it"
+            )
+        dataset.augment = Augment(declared)
 
     def _pin_dataset_version(self) -> None:
         """Every rank, and the training and evaluation datasets, read one dataset version:

@@ -490,6 +490,7 @@ def write_labels(store: ZarrStore, raw_root: str, keys: list[str], path: str) ->
 
 # CT patches (N, 1, z, y, x), windows in [0, 1]: flips on every axis, quarter turns in the
 # axial plane, a small affine, mild intensity changes and noise.
+RECIPE = "ct"  # its augmentation recipe: what its tasks augment with by default
 AUGMENT: dict[str, Any] = {
     "keys": {"image": "image"},
     "flip": Flip(p=0.5, axes=(0, 1, 2)),
@@ -537,5 +538,5 @@ CT = Family(
         "zarrfeed.families.ct.tasks:CTClassification",
         "zarrfeed.families.ct.tasks:SparseAutoencoder",
     ),
-    augment={"ct": AUGMENT},
+    augment={RECIPE: AUGMENT},
 )

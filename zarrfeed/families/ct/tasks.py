@@ -4,13 +4,13 @@ each with its own ``data`` section of the training config."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from zarrfeed.errors import StoreError
-from zarrfeed.families.ct.family import CT, LABELS
+from zarrfeed.families.ct.family import CT, LABELS, RECIPE
 from zarrfeed.training.config import DataSection
 from zarrfeed.training.metrics import auroc
 from zarrfeed.training.tasks import Batch, PerClass, Task
@@ -48,10 +48,16 @@ class ClassifierData(WindowData):
         "valid_ scans, else a fixed quarter of the keys); none scores training samples (a "
         "store too small to hold any out)",
     )
+    augment_recipe: ClassVar[str | None] = RECIPE
 
 
 class SparseData(WindowData):
-    """What the sparse autoencoder reads: a window's sparse indices."""
+    """What the sparse autoencoder reads: a window's sparse indices.  Its batches are point
+    sets (``coords``, ``counts``), not dense ``(N, C, *spatial)`` tensors, so it takes no
+    ``augment``: a flip or an affine of the occupancy grid would have to move the points
+    themselves, which the augmentation engine does not do."""
+
+    augment_recipe: ClassVar[str | None] = None
 
     max_points: int = Field(
         1 << 20, description="points per scan before rebuilding the occupancy grid"

@@ -214,6 +214,7 @@ def set_files(item: RawItem) -> list[Path]:
 
 
 # Image patches (N, C, H, W) in [0, 1] with their defect mask (moved alike, nearest pixel).
+RECIPE = "image"  # its augmentation recipe: what its tasks augment with by default
 AUGMENT: dict[str, Any] = {
     "keys": {"image": "image", "mask": "mask"},
     "flip": Flip(p=0.5, axes=(0, 1)),
@@ -246,5 +247,5 @@ IMAGES = Family(
     dataset_version="2",
     readers=(Reader("images", "zarrfeed.training.data.images:ImagePatchDataset"),),
     tasks=("zarrfeed.families.images.tasks:DefectSegmentation",),
-    augment={"image": AUGMENT},
+    augment={RECIPE: AUGMENT},
 )

@@ -4,11 +4,11 @@ of the training config."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
-from zarrfeed.families.images.family import IMAGES
+from zarrfeed.families.images.family import IMAGES, RECIPE
 from zarrfeed.training.config import DataSection
 from zarrfeed.training.tasks import Batch, Task
 
@@ -31,6 +31,7 @@ class DefectData(DataSection):
     defects."""
 
     defects: bool = Field(True, description="synthesise local defects on image patches")
+    augment_recipe: ClassVar[str | None] = RECIPE
 
 
 class DefectSegmentation(Task):

@@ -203,6 +203,7 @@ def sequence_files(item: RawItem) -> list[Path]:
 # Spike clips: blur and sharp frames (N, L, 3, H, W), voxels (N, L, bins, H, W), all moved
 # alike in their last two axes; no intensity operation (the sharp frames are the blurred
 # ones' target, the voxels spike counts).
+RECIPE = "spike"  # its augmentation recipe: what its tasks augment with by default
 AUGMENT: dict[str, Any] = {
     "keys": {"blur": "target", "sharp": "target", "voxels": "target"},
     "spatial_dims": 2,
@@ -231,5 +232,5 @@ SPIKE = Family(
     dataset_version="2",
     readers=(Reader("spike", "zarrfeed.training.data.spike:SpikeClipDataset"),),
     tasks=("zarrfeed.families.spike.tasks:SpikeDeblurring",),
-    augment={"spike": AUGMENT},
+    augment={RECIPE: AUGMENT},
 )

@@ -4,11 +4,11 @@ section of the training config."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from zarrfeed.families.spike.family import SPIKE, SPIKE_VOXELS
+from zarrfeed.families.spike.family import RECIPE, SPIKE, SPIKE_VOXELS
 from zarrfeed.training.config import DataSection
 from zarrfeed.training.tasks import Batch, Task
 
@@ -27,6 +27,7 @@ class DeblurData(DataSection):
     clip_len: int = Field(3, description="spike clip length in samples")
     crop: list[int] = Field([64, 64], description="spike crop (H, W)")
     voxels: Literal["stored", "realtime"] = Field("stored", description="spike voxel source")
+    augment_recipe: ClassVar[str | None] = RECIPE
 
 
 class SpikeDeblurring(Task):

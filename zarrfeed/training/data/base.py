@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import random
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -30,6 +30,7 @@ from torch.utils.data import Dataset, default_collate
 from zarrfeed.datasets import open_dataset, snapshots
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.protocols import WorkerSettings
 from zarrfeed.training.data.reader import CachedArrays, Region
 from zarrfeed.training.data.ring import RELEASE, BatchRing
@@ -82,6 +83,10 @@ def plain(value: Any) -> Any:
 class StoreDataset(Dataset):
     """Lazily opened store + shared cache; subclasses define the index and :meth:`load`.
 
+    ``augment`` (an :class:`~zarrfeed.training.augment.Augment`, or its config or mapping:
+    ``{"recipe": "ct"}``) is the declared batched augmentation: every sample read goes
+    through its ``apply_sample`` with (seed, epoch, index), and a device tier that cuts the
+    batches itself applies it to each batch on the device, with the same result.
     ``transform`` (a callable on the sample dict: MONAI or TorchIO dictionary transforms, a
     ``Compose`` of them, any function) runs on every sample after it is cut from the cache.
     A sample never shares memory with the cache (every read copies), so a transform that
@@ -100,6 +105,7 @@ class StoreDataset(Dataset):
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         dataset_version: str | None = None,
+        augment: Augment | AugmentConfig | Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(store, ZarrStore):
             self.url = store.url
@@ -108,6 +114,7 @@ class StoreDataset(Dataset):
             self.url, self.storage_options = str(store), None
         self.seed, self.budget_bytes = seed, int(cache_gb * GB)
         self.transform = transform
+        self.augment = as_augment(augment)
         # In a loader worker, what its loader says (configure_worker): whether batched reads
         # go straight into shared memory, and how many batch slots they reuse (0: none).
         self.shared_batches = False
@@ -230,8 +237,17 @@ class StoreDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.guarded(index, lambda: self.finish(index, self.load(index)))
 
+    @property
+    def per_sample(self) -> bool:
+        """Whether each sample read goes on through the augmentation or the transform
+        (:meth:`finish`): a batched read then hands on its samples, not its batch."""
+        return self.augment is not None or self.transform is not None
+
     def finish(self, index: int, sample: dict[str, Any]) -> dict[str, Any]:
-        """``sample`` through the transform, seeded for (seed, epoch, index)."""
+        """``sample`` through the augmentation, then the transform, each seeded for
+        (seed, epoch, index)."""
+        if self.augment is not None:
+            sample = self.augment.apply_sample(sample, self.seed, self.epoch, index)
         if self.transform is None:
             return sample
         out = seeded_call(self.transform, sample, self.rng(index, TRANSFORM_STREAM))
@@ -298,6 +314,13 @@ class StoreDataset(Dataset):
             raise RuntimeError(
                 f"{type(self).__name__}[{index}] failed reading {self.asset} of {self.url}: {exc}"
             ) from exc
+
+
+def as_augment(augment: Augment | AugmentConfig | Mapping[str, Any] | None) -> Augment | None:
+    """``augment`` as an :class:`Augment` (a config or a mapping is validated; None: none)."""
+    if augment is None or isinstance(augment, Augment):
+        return augment
+    return Augment(augment)
 
 
 def seeded_call(transform: Callable[[Any], Any], sample: Any, rng: np.random.Generator) -> Any:

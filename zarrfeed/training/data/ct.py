@@ -4,7 +4,7 @@ occupied-voxel coordinates of the sparse indices."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ from torch.utils.data import get_worker_info
 from zarrfeed.errors import StoreError
 from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, PATCH_TABLE
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
 from zarrfeed.training.data.reader import copy_threads
@@ -85,10 +86,11 @@ class CTPatchDataset(StoreDataset):
         patch_sampler: str | PatchSampler = "stored",
         dataset_version: str | None = None,
         split: str | None = None,
+        augment: Augment | AugmentConfig | Mapping[str, Any] | None = None,
     ) -> None:
         if split not in (None, "train", "eval"):
             raise ValueError(f"split must be None, 'train' or 'eval', got {split!r}")
-        super().__init__(store, cache_gb, seed, transform, dataset_version)
+        super().__init__(store, cache_gb, seed, transform, dataset_version, augment)
         self.window, self.patch = window, patch
         if window not in self.partitions[0]["arrays"]:
             have = ", ".join(sorted(self.partitions[0]["arrays"]))
@@ -163,7 +165,7 @@ class CTPatchDataset(StoreDataset):
             return [self[i] for i in indices]
         batch = self.guarded(int(indices[0]), lambda: self._read_batch(indices))
         samples = BatchSamples(batch, len(indices))
-        if self.transform is None:
+        if not self.per_sample:
             return samples
         return [
             self.guarded(int(i), lambda i=i, s=s: self.finish(int(i), s))
@@ -177,7 +179,7 @@ class CTPatchDataset(StoreDataset):
         shape = (len(idx), 1, *self.patch_shape)
         worker = get_worker_info() is not None
         ring = slot = None
-        if worker and self.batch_ring and self.transform is None:  # slots the feed frees
+        if worker and self.batch_ring and not self.per_sample:  # slots the feed frees
             ring = self._ring
             if ring is None or not ring.fits(shape, dtype):
                 ring = self._ring = BatchRing(self.batch_ring, shape, dtype)

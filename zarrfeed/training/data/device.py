@@ -159,6 +159,7 @@ class PoolLayout:
     tables: int
     staging: int
     gather: int
+    augment: int = 0  # the scratch of one batch's augmentation on the device
 
     @property
     def slot_total(self) -> int:
@@ -166,13 +167,14 @@ class PoolLayout:
 
     @property
     def total(self) -> int:
-        return self.slot_total + self.tables + self.staging + self.gather
+        return self.slot_total + self.tables + self.staging + self.gather + self.augment
 
     def describe(self) -> str:
         return (
             f"{self.slots} slots of {self.slot_bytes / 1e6:.2f} MB units "
             f"({self.slot_total / 1e9:.3f} GB) + lookup tables {self.tables / 1e6:.2f} MB + "
             f"staging {self.staging / 1e6:.1f} MB + gather scratch {self.gather / 1e6:.1f} MB"
+            + (f" + augment scratch {self.augment / 1e6:.1f} MB" if self.augment else "")
         )
 
 
@@ -188,10 +190,12 @@ class PoolFacts:
     units_per_patch: int  # units one patch can overlap at most
     patch_voxels: int
     uniform: bool  # every scan has the same unit shape (a pool needs it)
+    augment: int = 0  # device bytes the dataset's augmentation takes per batch (0: none)
 
 
-def pool_facts(dataset: CTPatchDataset) -> PoolFacts:
-    """The facts :func:`layout_pool` sizes a pool from, read from ``dataset``'s cache."""
+def pool_facts(dataset: CTPatchDataset, batch_size: int | None = None) -> PoolFacts:
+    """The facts :func:`layout_pool` sizes a pool from, read from ``dataset``'s cache; its
+    augmentation's scratch for batches of ``batch_size`` (needed when it has one)."""
     g = dataset.cache.groups[dataset.asset, dataset.window]
     return PoolFacts(
         slot_bytes=int(np.prod(g.units, axis=1).max()) * g.dtype.itemsize,
@@ -202,12 +206,14 @@ def pool_facts(dataset: CTPatchDataset) -> PoolFacts:
         units_per_patch=units_per_patch(dataset),
         patch_voxels=int(np.prod(dataset.patch_shape)),
         uniform=len({tuple(u) for u in g.units.tolist()}) == 1,
+        augment=augment_scratch(dataset, batch_size),
     )
 
 
 def layout_pool(facts: PoolFacts, budget_bytes: int, batch_size: int) -> PoolLayout:
-    """The slot pool that ``budget_bytes`` holds at ``batch_size`` (its ``slots`` may be
-    fewer than a batch needs: then there is no pool)."""
+    """The slot pool that ``budget_bytes`` holds at ``batch_size``, the augmentation's
+    scratch left free (its ``slots`` may be fewer than a batch needs: then there is no
+    pool)."""
     slot_bytes = facts.slot_bytes
     # on the device: unit -> slot (int32); per scan its first unit, grid strides and unit
     # shape (int64); the labels
@@ -217,13 +223,27 @@ def layout_pool(facts: PoolFacts, budget_bytes: int, batch_size: int) -> PoolLay
     # pinned buffers -> one landing buffer on the device -> slots; and their indices
     staging = (STAGES + 1) * stage * slot_bytes + STAGES * stage * 16
     gather = GATHER_BYTES_PER_VOXEL * batch_size * facts.patch_voxels
-    slots = max(0, (int(budget_bytes) - tables - staging - gather) // slot_bytes)
-    return PoolLayout(slots, slot_bytes, stage, need, tables, staging, gather)
+    augment = facts.augment
+    slots = max(0, (int(budget_bytes) - tables - staging - gather - augment) // slot_bytes)
+    return PoolLayout(slots, slot_bytes, stage, need, tables, staging, gather, augment)
+
+
+def augment_scratch(dataset: CTPatchDataset, batch_size: int | None) -> int:
+    """Device bytes the dataset's augmentation allocates for one batch (0: it has none)."""
+    if dataset.augment is None:
+        return 0
+    if batch_size is None:
+        raise ValueError(
+            f"{type(dataset).__name__} augments its batches: the batch size is needed to "
+            "size the augmentation's device scratch"
+        )
+    return dataset.augment.batch_scratch(dataset.load(0), batch_size)
 
 
 def pool_layout(dataset: CTPatchDataset, budget_bytes: int, batch_size: int) -> PoolLayout:
-    """The slot pool that ``budget_bytes`` holds for ``dataset`` at ``batch_size``."""
-    return layout_pool(pool_facts(dataset), budget_bytes, batch_size)
+    """The slot pool that ``budget_bytes`` holds for ``dataset`` at ``batch_size``, its
+    augmentation's scratch counted."""
+    return layout_pool(pool_facts(dataset, batch_size), budget_bytes, batch_size)
 
 
 @dataclass
@@ -272,7 +292,7 @@ class DeviceSlots(_PatchSource):
             raise ValueError(
                 f"device cache budget {self.budget_bytes / 1e6:.1f} MB holds {self.slots} units "
                 f"of {self.slot_bytes / 1e6:.2f} MB besides its tables, staging and gather "
-                f"scratch; a batch may need {layout.need}: raise "
+                f"(and augmentation) scratch; a batch may need {layout.need}: raise "
                 "dataloader.device_cache_gb or lower train.batch_size"
             )
         self.pool = torch.empty(self.slots * self.unit_elems, dtype=self.dtype, device=device)

@@ -249,7 +249,7 @@ def make_feed(
         device_cache_gb=device_cache_gb, pin_memory=device.type == "cuda", context=context,
     )  # fmt: skip
     tier = device_cache != "off"
-    facts = data_facts(dataset, collate_fn, device=tier)
+    facts = data_facts(dataset, collate_fn, device=tier, batch_size=batch_size)
     plan = plan_loading(facts, machine_facts(device, tier), world_facts(rank, world), budgets)
     run_preload(dataset, plan)
     assert plan.order is not None  # the feed always walks an order of its own
@@ -275,7 +275,9 @@ def _device_feed(
     device: torch.device,
     depth: int,
 ) -> Feed:
-    """Batches cut on the device by ``holder``, in ``sampler``'s order."""
+    """Batches cut on the device by ``holder``, in ``sampler``'s order, then augmented there
+    as a whole when the dataset declares an augmentation (the host path augments each
+    sample alike, by (seed, epoch, index))."""
     plan.loader.reasons = plan.reasons()
     chain = EpochChain(sampler, batch_size)
     ahead = None
@@ -287,11 +289,15 @@ def _device_feed(
         begin = start()
         if begin is None:
             return
+        augment = dataset.augment
         for tag, indices in chain.batches(*begin):
             dataset.set_epoch(tag[0])  # patch placement and crops are per (seed, epoch, index)
             if ahead is not None:
                 ahead.at(tag)
-            yield tag, holder.batch(indices)
+            batch = holder.batch(indices)
+            if augment is not None:
+                batch = augment.apply(batch, dataset.seed, tag[0], indices)
+            yield tag, batch
 
     feed = Feed(produce, device, chain.per_epoch, depth, plan.loader.reasons)
     feed.source, feed.sampler = holder, sampler

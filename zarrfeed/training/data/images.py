@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -10,6 +10,7 @@ import torch
 
 from zarrfeed.families.images import IMAGE_PATCHES, IMAGE_STORE, IMAGES, PATCH_TABLE
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms.defects import random_defects, render_defects
 
@@ -33,8 +34,9 @@ class ImagePatchDataset(StoreDataset):
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         dataset_version: str | None = None,
+        augment: Augment | AugmentConfig | Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed, transform, dataset_version)
+        super().__init__(store, cache_gb, seed, transform, dataset_version, augment)
         self.defects = defects
         table, _ = self.read_table(
             IMAGES.dataset_path, PATCH_TABLE.name, ["offsets", "items", "origins"]

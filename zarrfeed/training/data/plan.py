@@ -22,7 +22,7 @@ import torch
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.processes import available_memory, cpu_budget
-from zarrfeed.training.data.base import collate_batch
+from zarrfeed.training.data.base import StoreDataset, collate_batch
 from zarrfeed.training.data.ct import CTPatchDataset
 from zarrfeed.training.data.device import PoolFacts, PoolLayout, layout_pool, pool_facts
 from zarrfeed.training.data.protocols import StoreBacked, WorkerConfigurable, WorkerSettings
@@ -67,7 +67,9 @@ class DataFacts:
     device_refusal: str | None = "it cuts CT patches only"
     pool: PoolFacts | None = None
     worker_configurable: bool = False  # it takes WorkerSettings (batch slots, shared reads)
-    hands_on: bool = False  # its collate hands a batch read at once on whole
+    hands_on: bool = False  # its collate hands a batch read at once on whole (none goes on
+    # through an augmentation or a transform, which makes samples that are collated anew)
+    augment: str = ""  # its declared augmentation, as the log names it ("": none)
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,14 @@ class LoadingPlan:
 def plan_loading(data: DataFacts, machine: Machine, world: World, budgets: Budgets) -> LoadingPlan:
     """The loading plan for ``data`` on ``machine`` in ``world`` within ``budgets``."""
     tier, device_budget, device_reasons, layout = _plan_device(data, machine, budgets)
+    if data.augment:  # where it runs, and why there
+        device_reasons.append(
+            f"{data.augment}: batched on {machine.device} after each gather, its scratch "
+            f"({data.pool.augment / 1e6:.1f} MB per batch) within the device budget"
+            if tier != "loader" and data.pool is not None
+            else f"{data.augment}: per sample on the host as each is read, in the loader "
+            "workers where there are any (the device cache does not cut these batches)"
+        )
     feed = budgets.device_cache is not None
     cache = data.cache
     preload = cache is not None and cache.in_ram and budgets.preload in (True, "auto")
@@ -314,9 +324,10 @@ def _plan_device(
         return "loader", 0, [f"device cache: off (auto: {device} is not a CUDA device)"], None
     assert data.cache is not None and data.pool is not None
     budget, how = device_budget(machine, budgets.device_cache_gb)
-    size = data.cache.nbytes
-    if size <= budget:
-        line = f"device cache: volumes held on {device} ({size / 1e9:.2f} GB <= {how})"
+    size, scratch = data.cache.nbytes, data.pool.augment
+    if size + scratch <= budget:
+        extra = f" + {scratch / 1e6:.1f} MB augment scratch" if scratch else ""
+        line = f"device cache: volumes held on {device} ({size / 1e9:.2f} GB{extra} <= {how})"
         return "volumes", budget, [line], None
     layout = layout_pool(data.pool, budget, budgets.batch_size)
     need = layout.need
@@ -545,9 +556,12 @@ def world_facts(rank: int = 0, world: int = 1) -> World:
     return World(rank, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def data_facts(dataset: Any, collate_fn: Any = None, device: bool = False) -> DataFacts:
+def data_facts(
+    dataset: Any, collate_fn: Any = None, device: bool = False, batch_size: int | None = None
+) -> DataFacts:
     """What planning needs of ``dataset`` (one sample is read to measure it); ``device``:
-    also whether, and with what pool, the device tier can cut its batches."""
+    also whether, and with what pool (its augmentation's scratch sized for ``batch_size``),
+    the device tier can cut its batches."""
     cache = None
     if isinstance(dataset, StoreBacked):
         c = dataset.cache
@@ -558,9 +572,10 @@ def data_facts(dataset: Any, collate_fn: Any = None, device: bool = False) -> Da
         if not (isinstance(dataset, CTPatchDataset) and dataset.patch):
             refusal = f"it cuts CT patches only; {type(dataset).__name__}"
         elif dataset.transform is not None:
-            refusal = "its transform runs per sample on the host: the DataLoader path applies it"
+            refusal = "its transform= runs per sample on the host: the DataLoader path applies it"
         else:
-            refusal, pool = None, pool_facts(dataset)
+            refusal, pool = None, pool_facts(dataset, batch_size)
+    per_sample = isinstance(dataset, StoreDataset) and dataset.per_sample
     return DataFacts(
         name=type(dataset).__name__,
         samples=len(dataset),
@@ -569,7 +584,8 @@ def data_facts(dataset: Any, collate_fn: Any = None, device: bool = False) -> Da
         device_refusal=refusal,
         pool=pool,
         worker_configurable=isinstance(dataset, WorkerConfigurable),
-        hands_on=collate_fn is collate_batch,
+        hands_on=collate_fn is collate_batch and not per_sample,
+        augment=dataset.augment.config.describe() if per_sample and dataset.augment else "",
     )
 
 

@@ -3,7 +3,7 @@ binned in real time from the raw ``.dat`` files."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 from zarrfeed.families.spike import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
+from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.transforms import spike as sp
 
@@ -38,8 +39,9 @@ class SpikeClipDataset(StoreDataset):
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         dataset_version: str | None = None,
+        augment: Augment | AugmentConfig | Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(store, cache_gb, seed, transform, dataset_version)
+        super().__init__(store, cache_gb, seed, transform, dataset_version, augment)
         if voxels not in ("stored", "realtime"):
             raise ValueError(f"voxels must be 'stored' or 'realtime', got {voxels!r}")
         self.clip_len, self.crop, self.voxel_mode = clip_len, tuple(crop), voxels
