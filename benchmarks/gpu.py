@@ -7,14 +7,18 @@ graph, trained by the real trainer, in three regimes:
 * ``device_quarter`` — the device budget is a quarter of the dataset: a pool of cache-unit
   slots on the device, fed from the host cache in RAM;
 * ``host_quarter`` — the host cache budget is a quarter of the dataset too: the same pool,
-  fed from the out-of-core arena.
+  fed from the out-of-core arena;
+* ``augmented`` — as ``fits``, with the CT task's default augmentation on (``data.augment``:
+  flips, quarter turns, a small affine, intensity and noise), batched on the device after the
+  gather; its limit applies the same augmentation to the held batch each step.
 
 For each it prints ``gpu.wait_share.<regime>`` (share of the steady steps' wall time spent
 waiting for data) and ``gpu.samples_vs_limit.<regime>``: samples/s over the limit, the same
 model stepping on one batch already on the device, measured in the same run.  Then
 ``gpu.vs_monai``: zarrfeed's ``fits`` regime against MONAI's fast-training recipe
 (``CacheDataset`` + ``ToDeviced`` + ``ThreadDataLoader``, random crops of the same patch size)
-on the same volumes and model.
+on the same volumes and model, and ``gpu.vs_monai.augmented``: the same with MONAI's
+``RandFlipd``, ``RandRotate90d`` and ``RandAffined`` on the device tensors after the crop.
 
     python benchmarks/gpu.py --device cuda            # 16 full-size scans, batch 32, 400 steps
     python benchmarks/gpu.py --device cpu --quick     # the same code paths on small data (CI):
@@ -37,6 +41,7 @@ by a time limit says where the time went; ``--scans 8`` halves the build.
 """
 
 import argparse
+import math
 import os
 import re
 import tempfile
@@ -49,8 +54,9 @@ import torch
 from _bench import bench
 from train import QUICK_SPACING, SPACING, build_store, steady
 
-from zarrfeed.families.ct.tasks import CTClassification
+from zarrfeed.families.ct.tasks import ClassifierData, CTClassification
 from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
+from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.device import DevicePatches, pool_layout
 from zarrfeed.training.data.reader import MIN_SLOTS
 from zarrfeed.training.trainer import amp_policy, make_optimizer
@@ -84,12 +90,16 @@ def regimes(
             device / GIB,
             f"{note}, host budget {host / size:.2f} and device budget {device / size:.2f} of it",
         ),
+        "augmented": (ample, ample, f"{note}, as fits, the CT recipe on the device"),
     }
 
 
-def train_regime(base: dict, out: Path, host_gb: float, device_gb: float, steps: int, skip: int):
+def train_regime(
+    base: dict, out: Path, host_gb: float, device_gb: float, steps: int, skip: int, augment: bool
+):
     """(data-wait share, samples/s) after ``skip`` steps, and the loader's reasons."""
-    cfg = TrainConfig.model_validate({**base, "out": str(out)})
+    data = {**base["data"], "augment": {}} if augment else base["data"]  # the task's recipe
+    cfg = TrainConfig.model_validate({**base, "data": data, "out": str(out)})
     cfg.data.cache_gb = host_gb
     cfg.dataloader.device_cache, cfg.dataloader.device_cache_gb = "on", device_gb
     cfg.train.steps, cfg.train.log_every, cfg.train.checkpoint_every = steps, skip, steps
@@ -122,7 +132,16 @@ def limit(cfg: TrainConfig, ds: CTPatchDataset, device: torch.device, steps: int
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-    return step, lambda: _rate(lambda: batch, step, device, steps, skip, t.batch_size)
+    augment = Augment(AugmentConfig.model_validate({"recipe": ClassifierData.augment_recipe}))
+    seen = iter(range(1 << 62))  # a new epoch each step: every step draws new parameters
+
+    def augmented() -> dict:
+        return augment.apply(batch, cfg.seed, next(seen), np.arange(t.batch_size))
+
+    return step, {
+        False: lambda: _rate(lambda: batch, step, device, steps, skip, t.batch_size),
+        True: lambda: _rate(augmented, step, device, steps, skip, t.batch_size),
+    }
 
 
 def limit_as_trained(measure: Callable[[], float], reasons: list[str]) -> tuple[float, int]:
@@ -149,11 +168,19 @@ def _rate(next_batch, step, device: torch.device, steps: int, skip: int, per: in
 
 
 def monai_rate(
-    ds: CTPatchDataset, step, device: torch.device, batch: int, steps: int, skip: int
+    ds: CTPatchDataset,
+    step,
+    device: torch.device,
+    batch: int,
+    steps: int,
+    skip: int,
+    augment: bool = False,
 ) -> tuple[float | None, str]:
     """MONAI's fast-training recipe on the same volumes: the volumes cached on the device
     (``CacheDataset`` through ``ToDeviced``), random crops of the patch size there,
-    ``ThreadDataLoader``; None where MONAI is not installed."""
+    ``ThreadDataLoader``; with ``augment``, the CT recipe's flips, quarter turns and affine
+    as MONAI's dictionary transforms on the device tensors, one sample at a time (MONAI's
+    way); None where MONAI is not installed."""
     try:
         import monai.data as md
         import monai.transforms as mt
@@ -172,6 +199,17 @@ def monai_rate(
             keys="image", roi_size=ds.patch_shape, num_samples=per_volume, random_size=False
         ),
     ])  # fmt: skip
+    if augment:  # the CT recipe's spatial operations, with its probabilities
+        transform = mt.Compose([
+            transform,
+            *(mt.RandFlipd(keys="image", prob=0.5, spatial_axis=a) for a in range(3)),
+            mt.RandRotate90d(keys="image", prob=0.5, spatial_axes=(1, 2)),
+            mt.RandAffined(keys="image", prob=0.2, rotate_range=[math.radians(10)] * 3,
+                           scale_range=[0.1] * 3, padding_mode="border", device=device),
+            mt.RandScaleIntensityd(keys="image", factors=0.1, prob=0.5),
+            mt.RandShiftIntensityd(keys="image", offsets=0.05, prob=0.5),
+            mt.RandGaussianNoised(keys="image", std=0.03, prob=0.3),
+        ])  # fmt: skip
     cached = md.CacheDataset(volumes, transform, cache_rate=1.0, num_workers=0, progress=False)
     loader = md.ThreadDataLoader(cached, batch_size=batch // per_volume, shuffle=True,
                                  num_workers=0, drop_last=True)  # fmt: skip
@@ -186,6 +224,7 @@ def monai_rate(
         return {"image": found["image"], "labels": found["labels"]}
 
     why = f"{len(volumes)} volumes cached on {device}, {per_volume} crop(s) each per batch"
+    why += ", flips, quarter turns, affine, intensity and noise on the device" if augment else ""
     return _rate(next_batch, step, device, steps, skip, batch // per_volume * per_volume), why
 
 
@@ -231,11 +270,12 @@ def main() -> None:
         setting = f"CT classifier, {batch}x1x{patch} batches, {scans_at}, amp {amp}, {where}"
         rates, shares, notes, limits = {}, {}, {}, {}
         for regime, (host_gb, device_gb, what) in plan.items():
+            augment = regime == "augmented"
             share, rate, reasons = train_regime(
-                base, work / regime, host_gb, device_gb, steps, skip
+                base, work / regime, host_gb, device_gb, steps, skip, augment
             )
             rates[regime], shares[regime] = rate, share
-            limits[regime], threads = limit_as_trained(measure, reasons)
+            limits[regime], threads = limit_as_trained(measure[augment], reasons)
             print(f"# {regime}: {rate:.0f} samples/s, waiting {share:.1%} "
                   f"({time.perf_counter() - t0:.0f}s so far)", flush=True)  # fmt: skip
             tier = next((r for r in reasons if r.startswith("device cache")), "?")
@@ -248,12 +288,14 @@ def main() -> None:
             bench(f"gpu.samples_vs_limit.{regime}", rate / limits[regime], "x",
                   f"{rate:.0f} vs {limits[regime]:.0f} samples/s, the limit at the "
                   "trainer's threads, measured right after it")  # fmt: skip
-        theirs, why = monai_rate(ds, step, device, batch, steps, skip)
-        if theirs is None:
-            print(f"# gpu.vs_monai skipped: {why}")
-        else:
-            ours = rates["fits"]
-            bench("gpu.vs_monai", ours / theirs, "x",
+        for regime, name in (("fits", "gpu.vs_monai"), ("augmented", "gpu.vs_monai.augmented")):
+            augment = regime == "augmented"
+            theirs, why = monai_rate(ds, step, device, batch, steps, skip, augment)
+            if theirs is None:
+                print(f"# {name} skipped: {why}")
+                continue
+            ours = rates[regime]
+            bench(name, ours / theirs, "x",
                   f"zarrfeed {ours:.0f} vs MONAI {theirs:.0f} samples/s ({why})")  # fmt: skip
 
 
