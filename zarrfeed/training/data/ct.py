@@ -16,6 +16,7 @@ from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, 
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
+from zarrfeed.training.data.protocols import Boxes, BoxSpec, DeviceCuts
 from zarrfeed.training.data.reader import copy_threads
 from zarrfeed.training.data.ring import RELEASE, BatchRing
 from zarrfeed.transforms.sparse import sample_points
@@ -209,6 +210,28 @@ class CTPatchDataset(StoreDataset):
         if slot is not None:
             batch[RELEASE] = release
         return batch
+
+    # the device tier (DeviceCuttable) -----------------------------------------------------
+    def device_refusal(self) -> str | None:
+        if not self.patch:
+            return "it yields whole volumes (patch=False), whose shapes differ"
+        return super().device_refusal()
+
+    def device_specs(self) -> dict[str, BoxSpec]:
+        return {"image": BoxSpec(self.asset, self.window, self.patch_shape)}
+
+    def device_cuts(self, indices: np.ndarray) -> DeviceCuts:
+        """Each sample's patch where its patch sampler places it this epoch; its labels."""
+        items = self.items[indices].astype(np.int64)
+        extras = {"item": items}
+        if self.labels is not None:
+            extras["labels"] = self.labels[items]
+        return DeviceCuts({"image": Boxes(items, self.patch_origins(indices))}, extras)
+
+    def device_finish(
+        self, cut: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        return {"image": cut["image"][:, None], **extras}
 
     def sample_units(self, indices: np.ndarray) -> np.ndarray:
         if not self.patch or self.patch_sampler.whole_volume:
