@@ -326,10 +326,10 @@ def _plan_device(
     need = layout.need
     if layout.slots < need or not data.pool.uniform:
         why = (
-            f"a batch may need {need} units, the rest of the budget holds {layout.slots} "
+            "scans have different cache units"
+            if not data.pool.uniform
+            else f"a batch may need {need} units, the rest of the budget holds {layout.slots} "
             f"({layout.describe()})"
-            if layout.slots < need
-            else "scans have different cache units"
         )
         return "loader", 0, [f"device cache: off ({size / 1e9:.2f} GB > {how}; {why})"], None
     line = (
