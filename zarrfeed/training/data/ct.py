@@ -15,6 +15,7 @@ from zarrfeed.errors import StoreError
 from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, PATCH_TABLE
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
+from zarrfeed.training.data.device.pool import units_per_box
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
 from zarrfeed.training.data.protocols import Boxes, BoxSpec, DeviceCuts
 from zarrfeed.training.data.reader import copy_threads
@@ -249,13 +250,7 @@ class CTPatchDataset(StoreDataset):
         whole = super().partition_bytes()
         if not self.patch or self.patch_sampler.whole_volume:
             return whole
-        group = self.cache.groups[self.asset, self.window]
-        per_patch = max(  # units a patch overlaps at most: (p + u - 2) // u + 1 per axis
-            int(
-                np.prod([(p + u - 2) // u + 1 for p, u in zip(self.patch_shape, unit, strict=True)])
-            )
-            for unit in {tuple(u) for u in group.units.tolist()}
-        )
+        per_patch = units_per_box(self.cache.groups[self.asset, self.window], self.patch_shape)
         counts = np.bincount(self.items, minlength=len(self.keys)).astype(np.int64)
         return np.minimum(whole, counts * per_patch * self.cache.unit_bytes)
 

@@ -61,6 +61,21 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return staged.to(device, non_blocking=True)
 
 
+def to_device_all(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Small host tables on ``device`` in one copy (:func:`to_device`): each one's bytes at
+    an 8-byte boundary of one buffer, viewed back as its dtype and shape there."""
+    held = [np.ascontiguousarray(held_view(np.asarray(a))) for a in arrays]
+    starts = np.concatenate([[0], np.cumsum([-(-a.nbytes // 8) * 8 for a in held])])
+    buffer = np.empty(max(8, int(starts[-1])), np.uint8)
+    for a, start in zip(held, starts.tolist(), strict=False):
+        buffer[start : start + a.nbytes] = a.reshape(-1).view(np.uint8)
+    up = to_device(buffer, device)
+    return [
+        up[start : start + a.nbytes].view(torch.from_numpy(a).dtype).view(a.shape)
+        for a, start in zip(held, starts.tolist(), strict=False)
+    ]
+
+
 def along(term: torch.Tensor, axis: int, dims: int) -> torch.Tensor:
     """Per-axis term ``(n, size)`` shaped to broadcast along ``axis`` of ``dims`` box axes."""
     shape = [term.shape[0]] + [1] * dims
@@ -133,19 +148,24 @@ class CutSource:
                 f"{g.keys[item]}, of shape {tuple(g.shapes[item].tolist())}"
             )
 
-    def boxes_up(self, boxes: Boxes) -> tuple[torch.Tensor, torch.Tensor]:
-        """(items, origins) of ``boxes`` on the device, in one staged copy."""
-        table = np.concatenate(
-            [np.asarray(boxes.items, np.int64)[:, None], np.asarray(boxes.origins, np.int64)],
-            axis=1,
-        )
-        up = to_device(table, self.device)
-        return up[:, 0], up[:, 1:]
+    def up(
+        self, cuts: DeviceCuts
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
+        """The batch's boxes — (items, origins) per batch key — and its extras on the
+        device, all in one staged copy."""
+        tables = [
+            np.concatenate([np.asarray(b.items, np.int64)[:, None],
+                            np.asarray(b.origins, np.int64)], axis=1)
+            for b in cuts.boxes.values()
+        ]  # fmt: skip
+        up = to_device_all(tables + list(cuts.extras.values()), self.device)
+        boxes = {key: (t[:, 0], t[:, 1:]) for key, t in zip(cuts.boxes, up, strict=False)}
+        extras = {
+            key: restored(t, v.dtype)
+            for (key, v), t in zip(cuts.extras.items(), up[len(tables) :], strict=True)
+        }
+        return boxes, extras
 
     def axes(self, key: str, origins: torch.Tensor) -> list[torch.Tensor]:
         """Element coordinates of each box along each axis: ``(n, size)`` per axis."""
         return [origins[:, a, None] + step for a, step in enumerate(self._steps[key])]
-
-    def finish(self, cut: dict[str, torch.Tensor], cuts: DeviceCuts) -> dict[str, Any]:
-        extras = {k: restored(to_device(v, self.device), v.dtype) for k, v in cuts.extras.items()}
-        return self.dataset.device_finish(cut, extras)

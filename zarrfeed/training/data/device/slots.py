@@ -221,17 +221,18 @@ class DeviceSlots(CutSource):
             for s, b in ((self.specs[k], b) for k, b in cuts.boxes.items())
         ]
         self.ensure(np.concatenate(needed))
-        cut = {key: self._gather(key, boxes) for key, boxes in cuts.boxes.items()}
-        out = self.finish(cut, cuts)
+        boxes, extras = self.up(cuts)
+        cut = {key: self._gather(key, *placed) for key, placed in boxes.items()}
+        out = self.dataset.device_finish(cut, extras)
         self.stats.batches += 1
         self.stats.history.append(self.resident())
         self._advance()
         return out
 
-    def _gather(self, key: str, boxes: Any) -> torch.Tensor:
-        """The boxes of batch key ``key``, cut from the slots by one gather."""
+    def _gather(self, key: str, items: torch.Tensor, origins: torch.Tensor) -> torch.Tensor:
+        """The boxes of batch key ``key`` (their partitions and origins on the device), cut
+        from the slots by one gather."""
         g = self.groups[key]
-        items, origins = self.boxes_up(boxes)
         dims = origins.shape[1]
         row = self._tables[g.asset, g.name][items]
         first, unit_shape = row[:, 0], row[:, dims : 2 * dims]

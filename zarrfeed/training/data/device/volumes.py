@@ -52,14 +52,13 @@ class DevicePatches(CutSource):
         """The same batch as the dataset's DataLoader path yields for ``indices``, each
         array's boxes cut on the device by one gather (the copies and kernels go to the
         current stream)."""
-        cuts = self.cuts(indices)
+        boxes, extras = self.up(self.cuts(indices))
         cut = {}
-        for key, boxes in cuts.boxes.items():
+        for key, (items, origins) in boxes.items():
             g = self.groups[key]
-            items, origins = self.boxes_up(boxes)
             row = self._tables[g.asset, g.name][items]
             axes = self.axes(key, origins)
             terms = [axes[a] * row[:, 1 + a, None] for a in range(len(axes) - 1)] + [axes[-1]]
             terms[0] = terms[0] + row[:, 0, None]
             cut[key] = restored(self._flat[g.asset, g.name].take(grid(terms)), g.dtype)
-        return self.finish(cut, cuts)
+        return self.dataset.device_finish(cut, extras)
