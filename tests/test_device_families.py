@@ -19,9 +19,11 @@ from zarrfeed.training.data import (
 )
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, pool_layout
 from zarrfeed.training.data.feed import Feed, make_feed
+from zarrfeed.training.data.images import render_batch
 from zarrfeed.training.data.plan import Budgets, World, data_facts, machine_facts, plan_loading
 from zarrfeed.training.data.protocols import Boxes, DeviceCuts
 from zarrfeed.training.trainer import train
+from zarrfeed.transforms.defects import Defects, defect_table, random_defects, render_defects
 
 CPU = torch.device("cpu")
 BATCH = 3
@@ -133,6 +135,29 @@ def test_what_the_device_tier_cannot_serve_is_refused_with_its_reason(built):
             return {"x": torch.zeros(2)}
 
     assert "Plain names no boxes of cached arrays" in device_plan(Plain())[1][0]
+
+
+def test_defects_rendered_for_a_batch_equal_the_host_rendering_at_edges_and_overlaps():
+    rng = np.random.default_rng(0)
+    image = rng.random((3, 3, 16, 20), dtype=np.float32)
+    edges = Defects(
+        centers=np.array([[0, 0], [15, 19], [0, 19], [7, 9], [7, 10], [8, 9]]),
+        sizes=np.array([[3, 5], [3, 3], [3, 5], [3, 5], [3, 3], [3, 5]]),
+        sigmas=np.array([[1.0, 1.5], [1.0, 1.0], [1.0, 1.5], [1.0, 1.5], [1.0, 1.0], [1.0, 1.5]]),
+        amplitudes=np.array([0.4, -0.3, 0.2, 0.5, -0.45, 0.25]),
+        in_mask=np.array([True, False, True, True, False, False]),
+    )
+    found = [edges, random_defects((16, 20), rng, p_defect=1.0), random_defects((16, 20), rng, 0)]
+    want_image, want_mask = image.copy(), np.zeros((3, 1, 16, 20), np.uint8)
+    for b, defects in enumerate(found):
+        want_image[b, 0], want_mask[b, 0] = render_defects(image[b, 0], defects)
+        for c in (1, 2):
+            want_image[b, c] = render_defects(image[b, c], defects.select(~defects.in_mask))[0]
+    table = {k: torch.from_numpy(v) for k, v in defect_table(found).items()}
+    got_image, got_mask = render_batch(torch.from_numpy(image.copy()), table)
+    torch.testing.assert_close(got_image, torch.from_numpy(want_image), rtol=1e-6, atol=1e-6)
+    assert torch.equal(got_mask, torch.from_numpy(want_mask)) and want_mask[0].any()
+    assert not np.array_equal(want_image, image)
 
 
 def test_a_box_outside_its_array_fails_naming_it(built, monkeypatch):

@@ -121,14 +121,15 @@ def render_batch(
     """``render_defects`` (:mod:`zarrfeed.transforms.defects`) for a whole batch on
     ``image``'s device: ``image`` (B, C, h, w) float32 gets every defect of ``table`` (from
     ``defect_table``) on channel 0 and those outside the mask on the other channels, in
-    place, by one scatter-add; returns it and the (B, 1, h, w) uint8 mask.  Where defects
-    overlap, the sums may round in another order than the host's (within float32 rounding)."""
+    place, by one scatter-add; returns it and the (B, 1, h, w) uint8 mask.  No boolean
+    indexing, so the host never waits for the device: a kernel element outside its defect
+    or the patch adds 0 to a pixel inside.  Where defects overlap, the sums may round in
+    another order than the host's (within float32 rounding)."""
     b, c, h, w = image.shape
-    mask = torch.zeros((b, 1, h, w), dtype=torch.uint8, device=image.device)
     kernels, sizes = table["defect_kernels"], table["defect_sizes"]
     if not len(kernels):
-        return image, mask
-    n, high, wide = kernels.shape
+        return image, torch.zeros((b, 1, h, w), dtype=torch.uint8, device=image.device)
+    high, wide = kernels.shape[1:]
     i = torch.arange(high, device=image.device)[None, :, None]
     j = torch.arange(wide, device=image.device)[None, None, :]
     centers = table["defect_centers"]
@@ -136,14 +137,16 @@ def render_batch(
     x = (centers[:, 1] - sizes[:, 1] // 2)[:, None, None] + j
     inside = (i < sizes[:, 0, None, None]) & (j < sizes[:, 1, None, None])
     inside &= (y >= 0) & (y < h) & (x >= 0) & (x < w)
-    rows, in_mask = table["defect_rows"][:, None, None], table["defect_in_mask"][:, None, None]
+    rows = table["defect_rows"][:, None, None]
+    plane = y.clamp(0, h - 1) * w + x.clamp(0, w - 1)  # outside: added as 0, so any pixel
+    in_mask = table["defect_in_mask"][:, None, None]
     value = table["defect_amplitudes"][:, None, None] * kernels
     channel = torch.arange(c, device=image.device)[None, :, None, None]
     drawn = inside[:, None] & ((channel == 0) | ~in_mask[:, None])  # (n, C, high, wide)
-    where = ((rows[:, None] * c + channel) * h + y[:, None]) * w + x[:, None]
-    image.view(-1).index_put_(
-        (where[drawn],), value[:, None].expand(n, c, high, wide)[drawn], accumulate=True
-    )
-    marked = inside & in_mask & (kernels >= mask_level)
-    mask.view(-1)[((rows * h + y) * w + x)[marked]] = 1
-    return image, mask
+    where = (rows[:, None] * c + channel) * (h * w) + plane[:, None]
+    added = torch.where(drawn, value[:, None], torch.zeros((), device=image.device))
+    image.view(-1).index_put_((where.reshape(-1),), added.reshape(-1), accumulate=True)
+    marked = (inside & in_mask & (kernels >= mask_level)).to(torch.int32)
+    hits = torch.zeros(b * h * w, dtype=torch.int32, device=image.device)
+    hits.index_put_(((rows * (h * w) + plane).reshape(-1),), marked.reshape(-1), accumulate=True)
+    return image, (hits > 0).to(torch.uint8).view(b, 1, h, w)
