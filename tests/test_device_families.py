@@ -172,12 +172,13 @@ def test_a_box_outside_its_array_fails_naming_it(built, monkeypatch):
         held.batch(np.arange(2))
 
 
-def test_defect_segmentation_trains_alike_on_the_device(built, tmp_path):
+@pytest.mark.parametrize("task", ["defect_segmentation", "spike_deblur", "sparse_autoencoder"])
+def test_each_family_trains_alike_on_the_device(built, tmp_path, task):
     from test_training import config
 
     def run(where: str, device_cache: str) -> tuple[dict, list[str]]:
         lines: list[str] = []
-        cfg = config(built, tmp_path / where, "defect_segmentation", steps=3, amp="off",
+        cfg = config(built, tmp_path / where, task, steps=3, amp="off",
                      log_every=1, batch_size=2)  # fmt: skip
         cfg.dataloader = cfg.dataloader.model_copy(
             update={"device_cache": device_cache, "sampler": "random", "workers": "0"}
