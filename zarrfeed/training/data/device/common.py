@@ -99,8 +99,8 @@ def c_strides(shapes: np.ndarray) -> np.ndarray:
 
 class CutSource:
     """A dataset's batches as boxes of its cached arrays, cut on ``device``: the boxes are
-    checked against the arrays' shapes on the host, sent up as one table per batch key, and
-    the cut boxes handed to the dataset's ``device_finish`` with the batch's extras."""
+    checked against the arrays' shapes on the host and sent up with the batch's extras in
+    one copy; the regimes cut them and hand them to the dataset's ``device_finish``."""
 
     def __init__(self, dataset: Any, device: torch.device) -> None:
         name = type(dataset).__name__
