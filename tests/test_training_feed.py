@@ -134,7 +134,7 @@ def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
     layout = pool.layout
     assert pool.slots == 16 and pool.nbytes() == 16 * UNIT and layout.total <= budget
     # what it holds besides its slots is inside the budget too, as the plan says
-    tables = pool._slot_of_dev.nbytes + pool._table.nbytes  # (the test scans have no labels)
+    tables = pool._slot_of_dev.nbytes + sum(t.nbytes for t in pool._tables.values())
     staging = sum(stage.nbytes for stage in pool._stages)
     assert tables <= layout.tables and staging <= layout.staging
     assert layout.gather == GATHER_BYTES_PER_VOXEL * BATCH * PATCH**3

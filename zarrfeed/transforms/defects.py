@@ -1,7 +1,10 @@
 """Local Gaussian defect synthesis: render each defect only inside its support.
 
 The seed's first version built full-image meshgrids (976×176) for a 3×3 defect; here each
-defect touches only its kernel's footprint, and kernels are computed once and cached.
+defect touches only its kernel's footprint, and kernels are computed once and cached.  On
+the host one patch at a time (:func:`render_defects`); on the training device a whole batch
+at once (``render_batch`` of the image patches' dataset, from the same draws gathered by
+:func:`defect_table`).
 """
 
 from __future__ import annotations
@@ -102,3 +105,25 @@ def render_defects(
         if defects.in_mask[i]:
             mask[ys, xs] |= k >= mask_level
     return out, mask
+
+
+def defect_table(found: list[Defects]) -> dict[str, np.ndarray]:
+    """The defects of a batch's samples (``found[b]`` for row ``b``) as flat arrays for
+    a batched renderer: each defect's row, centre, size, float32 amplitude, mask flag and
+    its kernel, zero-padded to the batch's largest."""
+    sizes = np.concatenate([f.sizes for f in found]).reshape(-1, 2).astype(np.int64)
+    high, wide = (int(v) for v in sizes.max(axis=0)) if len(sizes) else (1, 1)
+    kernels = np.zeros((len(sizes), high, wide), np.float32)
+    sigmas = np.concatenate([f.sigmas for f in found]).reshape(-1, 2)
+    for i, ((h, w), (sy, sx)) in enumerate(zip(sizes.tolist(), sigmas.tolist(), strict=True)):
+        kernels[i, :h, :w] = gaussian_kernel((h, w), (sy, sx))
+    return {
+        "defect_rows": np.repeat(np.arange(len(found)), [len(f) for f in found]).astype(np.int64),
+        "defect_centers": np.concatenate([f.centers for f in found])
+        .reshape(-1, 2)
+        .astype(np.int64),
+        "defect_sizes": sizes,
+        "defect_amplitudes": np.concatenate([f.amplitudes for f in found]).astype(np.float32),
+        "defect_in_mask": np.concatenate([f.in_mask for f in found]).astype(bool),
+        "defect_kernels": kernels,
+    }

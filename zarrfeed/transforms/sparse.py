@@ -111,6 +111,19 @@ def window_occupancy(
     return {w: coords_from_mask((apply_window(top, w) > threshold) & filled) for w in windows}
 
 
+def sample_rows(n: int, min_points: int, max_points: int, seed: int = 0) -> np.ndarray:
+    """Which of ``n`` rows :func:`sample_points` keeps: all of them up to ``max_points``,
+    else ``max_points`` chosen without replacement by ``seed``, in their order."""
+    if not 0 < min_points <= max_points:
+        raise ValueError(f"need 0 < min_points <= max_points, got {min_points}, {max_points}")
+    if n < min_points:
+        raise TooFewPointsError(f"{n} points, fewer than min_points={min_points}")
+    if n <= max_points:
+        return np.arange(n)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n, size=max_points, replace=False))
+
+
 def sample_points(
     coords: np.ndarray,
     min_points: int,
@@ -122,13 +135,5 @@ def sample_points(
     The same ``seed`` always gives the same rows.  Fewer than ``min_points`` rows raise
     :class:`TooFewPointsError` so the caller can skip or report the sample.
     """
-    if not 0 < min_points <= max_points:
-        raise ValueError(f"need 0 < min_points <= max_points, got {min_points}, {max_points}")
-    n = len(coords)
-    if n < min_points:
-        raise TooFewPointsError(f"{n} points, fewer than min_points={min_points}")
-    if n <= max_points:
-        return coords
-    rng = np.random.default_rng(seed)
-    keep = np.sort(rng.choice(n, size=max_points, replace=False))
-    return coords[keep]
+    rows = sample_rows(len(coords), min_points, max_points, seed)
+    return coords if len(rows) == len(coords) else coords[rows]

@@ -219,6 +219,13 @@ class StoreDataset(Dataset):
         """
         self.epoch = int(epoch)
 
+    def device_refusal(self) -> str | None:
+        """Why the device tier cannot cut this dataset's batches (None: nothing here stops
+        it; a dataset it can cut also names its boxes: ``DeviceCuttable``)."""
+        if self.transform is not None:
+            return "its transform runs per sample on the host: the DataLoader path applies it"
+        return None
+
     def configure_worker(self, settings: WorkerSettings) -> None:
         """Take the settings a loader gives its workers (in the worker's copy only)."""
         self.batch_ring, self.shared_batches = settings.ring_slots, settings.shared_batches

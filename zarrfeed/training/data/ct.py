@@ -16,10 +16,12 @@ from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, 
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
+from zarrfeed.training.data.device.pool import units_per_box
 from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
+from zarrfeed.training.data.protocols import Boxes, BoxSpec, DeviceCuts
 from zarrfeed.training.data.reader import copy_threads
 from zarrfeed.training.data.ring import RELEASE, BatchRing
-from zarrfeed.transforms.sparse import sample_points
+from zarrfeed.transforms.sparse import sample_points, sample_rows
 
 VALID_PREFIX = "valid_"  # CT-RATE names its validation scans valid_<patient>_<scan>_<recon>
 HOLDOUT_SHARE = 4  # where the names mark no split: about one key in 4 is held out
@@ -212,6 +214,28 @@ class CTPatchDataset(StoreDataset):
             batch[RELEASE] = release
         return batch
 
+    # the device tier (DeviceCuttable) -----------------------------------------------------
+    def device_refusal(self) -> str | None:
+        if not self.patch:
+            return "it yields whole volumes (patch=False), whose shapes differ"
+        return super().device_refusal()
+
+    def device_specs(self) -> dict[str, BoxSpec]:
+        return {"image": BoxSpec(self.asset, self.window, self.patch_shape)}
+
+    def device_cuts(self, indices: np.ndarray) -> DeviceCuts:
+        """Each sample's patch where its patch sampler places it this epoch; its labels."""
+        items = self.items[indices].astype(np.int64)
+        extras = {"item": items}
+        if self.labels is not None:
+            extras["labels"] = self.labels[items]
+        return DeviceCuts({"image": Boxes(items, self.patch_origins(indices))}, extras)
+
+    def device_finish(
+        self, cut: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        return {"image": cut["image"][:, None], **extras}
+
     def sample_units(self, indices: np.ndarray) -> np.ndarray:
         if not self.patch or self.patch_sampler.whole_volume:
             return super().sample_units(indices)
@@ -228,13 +252,7 @@ class CTPatchDataset(StoreDataset):
         whole = super().partition_bytes()
         if not self.patch or self.patch_sampler.whole_volume:
             return whole
-        group = self.cache.groups[self.asset, self.window]
-        per_patch = max(  # units a patch overlaps at most: (p + u - 2) // u + 1 per axis
-            int(
-                np.prod([(p + u - 2) // u + 1 for p, u in zip(self.patch_shape, unit, strict=True)])
-            )
-            for unit in {tuple(u) for u in group.units.tolist()}
-        )
+        per_patch = units_per_box(self.cache.groups[self.asset, self.window], self.patch_shape)
         counts = np.bincount(self.items, minlength=len(self.keys)).astype(np.int64)
         return np.minimum(whole, counts * per_patch * self.cache.unit_bytes)
 
@@ -286,10 +304,46 @@ class SparsePointsDataset(StoreDataset):
     def __len__(self) -> int:
         return len(self.items)
 
+    def _seed(self, index: int) -> int:
+        """The seed that picks sample ``index``'s points this epoch."""
+        return int(self.rng(index).integers(2**31))
+
     def load(self, index: int) -> dict[str, Any]:
         item = int(self.items[index])
         coords = self.array(item, self.window)
-        picked = sample_points(
-            coords, self.min_points, self.max_points, seed=int(self.rng(index).integers(2**31))
-        )
+        picked = sample_points(coords, self.min_points, self.max_points, seed=self._seed(index))
         return {"coords": torch.from_numpy(picked.astype(np.int32)), "item": item}
+
+    # the device tier (DeviceCuttable): each point a box of one row -------------------------
+    def device_specs(self) -> dict[str, BoxSpec]:
+        dims = self.shape_of(0, self.window)[1:]
+        return {"coords": BoxSpec(self.asset, self.window, (1, *dims), self.max_points)}
+
+    def device_cuts(self, indices: np.ndarray) -> DeviceCuts:
+        """The rows :meth:`load` picks of each sample this epoch, one box each, with the
+        batch row and the count of each sample (what :func:`collate_points` adds)."""
+        items = self.items[indices].astype(np.int64)
+        rows = [
+            sample_rows(self.shape_of(int(item), self.window)[0], self.min_points,
+                        self.max_points, self._seed(int(i)))
+            for i, item in zip(indices, items, strict=True)
+        ]  # fmt: skip
+        counts = np.array([len(r) for r in rows], np.int64)
+        origins = np.zeros((int(counts.sum()), len(self.shape_of(0, self.window))), np.int64)
+        origins[:, 0] = np.concatenate(rows) if rows else []
+        extras = {
+            "row": np.repeat(np.arange(len(rows)), counts).astype(np.int32),
+            "counts": counts,
+            "item": items,
+        }
+        return DeviceCuts({"coords": Boxes(np.repeat(items, counts), origins)}, extras)
+
+    def device_finish(
+        self, cut: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        points = cut["coords"].flatten(1).to(torch.int32)
+        return {
+            "coords": torch.cat([extras["row"][:, None], points], dim=1),
+            "counts": extras["counts"],
+            "item": extras["item"],
+        }

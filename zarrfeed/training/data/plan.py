@@ -23,9 +23,13 @@ import torch
 from zarrfeed.errors import ConfigError
 from zarrfeed.processes import available_memory, cpu_budget
 from zarrfeed.training.data.base import StoreDataset, collate_batch
-from zarrfeed.training.data.ct import CTPatchDataset
 from zarrfeed.training.data.device import PoolFacts, PoolLayout, layout_pool, pool_facts
-from zarrfeed.training.data.protocols import StoreBacked, WorkerConfigurable, WorkerSettings
+from zarrfeed.training.data.protocols import (
+    DeviceCuttable,
+    StoreBacked,
+    WorkerConfigurable,
+    WorkerSettings,
+)
 from zarrfeed.training.data.sampler import OrderPlan, choose_order
 from zarrfeed.training.data.workers import init_worker
 
@@ -64,7 +68,7 @@ class DataFacts:
     sample_bytes: int = 0  # bytes of one sample's tensors
     cache: CacheFacts | None = None
     # why the device tier cannot cut its batches (None: it can, with ``pool``)
-    device_refusal: str | None = "it cuts CT patches only"
+    device_refusal: str | None = "the dataset was not examined for it"
     pool: PoolFacts | None = None
     worker_configurable: bool = False  # it takes WorkerSettings (batch slots, shared reads)
     hands_on: bool = False  # its collate hands a batch read at once on whole (none goes on
@@ -333,10 +337,10 @@ def _plan_device(
     need = layout.need
     if layout.slots < need or not data.pool.uniform:
         why = (
-            f"a batch may need {need} units, the rest of the budget holds {layout.slots} "
+            "scans have different cache units"
+            if not data.pool.uniform
+            else f"a batch may need {need} units, the rest of the budget holds {layout.slots} "
             f"({layout.describe()})"
-            if layout.slots < need
-            else "scans have different cache units"
         )
         return "loader", 0, [f"device cache: off ({size / 1e9:.2f} GB > {how}; {why})"], None
     line = (
@@ -567,14 +571,16 @@ def data_facts(
         c = dataset.cache
         cache = CacheFacts(c.in_ram, c.nbytes, c.budget_bytes, c.capacity_bytes,
                            c.stats()["regime"])  # fmt: skip
-    refusal, pool = "it cuts CT patches only", None
+    refusal, pool = DataFacts.device_refusal, None
     if device:
-        if not (isinstance(dataset, CTPatchDataset) and dataset.patch):
-            refusal = f"it cuts CT patches only; {type(dataset).__name__}"
-        elif dataset.transform is not None:
-            refusal = "its transform= runs per sample on the host: the DataLoader path applies it"
+        if not (isinstance(dataset, DeviceCuttable) and isinstance(dataset, StoreBacked)):
+            refusal = (
+                f"{type(dataset).__name__} names no boxes of cached arrays for it to cut "
+                "(DeviceCuttable)"
+            )
         else:
-            refusal, pool = None, pool_facts(dataset, batch_size)
+            refusal = dataset.device_refusal()
+            pool = pool_facts(dataset, batch_size) if refusal is None else None
     per_sample = isinstance(dataset, StoreDataset) and dataset.per_sample
     return DataFacts(
         name=type(dataset).__name__,

@@ -2,9 +2,9 @@
 
 The loader, the feed and the samplers work with any ``torch`` Dataset; these protocols name
 the optional abilities they use when a dataset has them (a store-backed cache, an epoch,
-batched reads, its own collate, settings applied in each worker) and what an epoch order
-provides.  They are checked with ``isinstance`` in one place each, never by probing for
-attribute names.
+batched reads, its own collate, settings applied in each worker, batches the device tier
+can cut) and what an epoch order provides.  They are checked with ``isinstance`` in one
+place each, never by probing for attribute names.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 
 class CacheFacts(Protocol):
@@ -45,6 +46,56 @@ class StoreBacked(Protocol):
     def sample_units(self, indices: np.ndarray) -> np.ndarray: ...
 
     def partition_bytes(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class BoxSpec:
+    """What one sample cuts from one cached array (``asset``, ``name``): at most ``count``
+    boxes of ``shape`` elements (a box per axis of the array)."""
+
+    asset: str
+    name: str
+    shape: tuple[int, ...]
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """The boxes one batch cuts from one cached array, one row each: the partition it lies
+    in and its first element (``(n, ndim)``, int64), as the host path reads them."""
+
+    items: np.ndarray
+    origins: np.ndarray
+
+
+@dataclass(frozen=True)
+class DeviceCuts:
+    """One batch as the device tier cuts it: boxes by batch key (of the arrays
+    :meth:`DeviceCuttable.device_specs` names) and small host arrays that go up with them
+    (labels, item ids, defect parameters)."""
+
+    boxes: dict[str, Boxes]
+    extras: dict[str, np.ndarray]
+
+
+@runtime_checkable
+class DeviceCuttable(Protocol):
+    """A dataset whose batches the device tier can cut from its cached arrays held on the
+    training device: per batch key the boxes its samples read this epoch, and what turns
+    the cut boxes (``(n, *shape)`` tensors, the arrays' dtypes) into the batch its
+    DataLoader path yields for the same indices."""
+
+    def device_refusal(self) -> str | None:
+        """Why its batches cannot be cut on the device (None: they can)."""
+        ...
+
+    def device_specs(self) -> dict[str, BoxSpec]: ...
+
+    def device_cuts(self, indices: np.ndarray) -> DeviceCuts: ...
+
+    def device_finish(
+        self, cut: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]
+    ) -> dict[str, Any]: ...
 
 
 @runtime_checkable

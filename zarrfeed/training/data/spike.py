@@ -15,6 +15,7 @@ from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import StoreDataset
+from zarrfeed.training.data.protocols import Boxes, BoxSpec, DeviceCuts
 from zarrfeed.transforms import spike as sp
 
 
@@ -84,12 +85,18 @@ class SpikeClipDataset(StoreDataset):
             ]
         )
 
-    def load(self, index: int) -> dict[str, Any]:
+    def _placed(self, index: int) -> tuple[int, int, int, int, int, int]:
+        """(item, first sample, y0, x0, crop height, crop width) of clip ``index`` this
+        epoch: the crop placed by the clip's generator."""
         item, start = int(self.items[index]), int(self.starts[index])
         h, w = self.shape_of(item, "blur")[1:3]
         ch, cw = min(self.crop[0], h), min(self.crop[1], w)
         rng = self.rng(index)
         y0, x0 = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        return item, start, y0, x0, ch, cw
+
+    def load(self, index: int) -> dict[str, Any]:
+        item, start, y0, x0, ch, cw = self._placed(index)
         y, x = slice(y0, y0 + ch), slice(x0, x0 + cw)
         region = (slice(start, start + self.clip_len), y, x, slice(None))
 
@@ -103,4 +110,56 @@ class SpikeClipDataset(StoreDataset):
             "sharp": frames("sharp"),
             "voxels": voxels,
             "item": item,
+        }
+
+    # the device tier (DeviceCuttable) -----------------------------------------------------
+    def _crops(self) -> set[tuple[int, ...]]:
+        """The (height, width, channels) of every recording's crops, and its voxel bins."""
+        return {
+            (min(self.crop[0], p["arrays"]["blur"]["shape"][1]),
+             min(self.crop[1], p["arrays"]["blur"]["shape"][2]),
+             *p["arrays"]["blur"]["shape"][3:], v[1])
+            for p, v in zip(self.partitions, self.voxel_shapes, strict=True)
+        }  # fmt: skip
+
+    def device_refusal(self) -> str | None:
+        if self.voxel_mode == "realtime":
+            return (
+                "its voxels are binned from the raw .dat files on the host for every clip "
+                "(voxels='realtime'); voxels='stored' reads them from the cache"
+            )
+        if len(crops := self._crops()) > 1:
+            return f"its recordings give clips of different shapes ({sorted(crops)})"
+        return super().device_refusal()
+
+    def device_specs(self) -> dict[str, BoxSpec]:
+        (ch, cw, *channels, bins), n = next(iter(self._crops())), self.clip_len
+        frames = (n, ch, cw, *channels)
+        return {
+            "blur": BoxSpec(self.asset, "blur", frames),
+            "sharp": BoxSpec(self.asset, "sharp", frames),
+            "voxels": BoxSpec(SPIKE_VOXELS.path, "voxels", (n, bins, ch, cw)),
+        }
+
+    def device_cuts(self, indices: np.ndarray) -> DeviceCuts:
+        """Each clip's frames and voxels where :meth:`load` crops them this epoch."""
+        placed = np.array([self._placed(int(i))[:4] for i in indices], np.int64).reshape(-1, 4)
+        items, start, y0, x0 = placed.T
+        zero = np.zeros_like(start)
+        frames = Boxes(items, np.stack([start, y0, x0, zero], axis=1))
+        voxels = Boxes(items, np.stack([start, zero, y0, x0], axis=1))
+        boxes = {"blur": frames, "sharp": frames, "voxels": voxels}
+        return DeviceCuts(boxes, {"item": items})
+
+    def device_finish(
+        self, cut: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        def frames(name: str) -> torch.Tensor:  # (B, L, h, w, 3) → (B, L, 3, h, w)
+            return cut[name].permute(0, 1, 4, 2, 3).contiguous()
+
+        return {
+            "blur": frames("blur"),
+            "sharp": frames("sharp"),
+            "voxels": cut["voxels"],
+            "item": extras["item"],
         }
