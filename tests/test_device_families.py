@@ -119,7 +119,7 @@ def test_what_the_device_tier_cannot_serve_is_refused_with_its_reason(built):
     with pytest.raises(ValueError, match=r"raw \.dat files"):
         DevicePatches(realtime, CPU)
     flipped = ImagePatchDataset(store, cache_gb=0.1, transform=lambda s: s)
-    assert "transform runs per sample on the host" in device_plan(flipped)[1][0]
+    assert "transform= runs per sample on the host" in device_plan(flipped)[1][0]
     volumes = CTPatchDataset(store, patch=False, cache_gb=0.1)
     assert "whole volumes" in device_plan(volumes)[1][0]
     # point sets beyond the device budget: their partitions' units differ, no pool

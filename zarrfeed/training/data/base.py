@@ -223,7 +223,7 @@ class StoreDataset(Dataset):
         """Why the device tier cannot cut this dataset's batches (None: nothing here stops
         it; a dataset it can cut also names its boxes: ``DeviceCuttable``)."""
         if self.transform is not None:
-            return "its transform runs per sample on the host: the DataLoader path applies it"
+            return "its transform= runs per sample on the host: the DataLoader path applies it"
         return None
 
     def configure_worker(self, settings: WorkerSettings) -> None:
