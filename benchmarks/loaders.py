@@ -36,6 +36,7 @@ from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
 from zarrfeed.training.data import GB
 from zarrfeed.training.data.feed import make_feed
+from zarrfeed.training.data.plan import Budgets
 from zarrfeed.training.data.shm import clear_caches
 
 PATCH, PER_VOLUME, BATCH = 64, 128, 8
@@ -203,8 +204,8 @@ def ct_loaders(
 def feed_rate(ds: CTPatchDataset, workers: int, epochs: int = 2) -> float:
     """Patches per second as the trainer gets them: the pipelined feed's DataLoader path on
     the CPU (workers write into reused batch slots; the feed copies each batch out)."""
-    feed = make_feed(ds, BATCH, torch.device("cpu"), workers=workers, order="random",
-                     device_cache="off", context="fork", log=None)  # fmt: skip
+    budgets = Budgets(BATCH, workers=workers, order="random", device_cache="off", context="fork")
+    feed = make_feed(ds, torch.device("cpu"), budgets, log=None)
     feed.begin(0, 0)
     try:
         feed.next()  # the workers are up
