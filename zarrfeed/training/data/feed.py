@@ -249,7 +249,7 @@ def make_feed(
         device_cache=budgets.device_cache or "auto",
         pin_memory=device.type == "cuda" if budgets.pin_memory is None else budgets.pin_memory,
     )
-    world = world or world_facts()
+    world = world_facts() if world is None else world
     tier = budgets.device_cache != "off"
     facts = data_facts(dataset, collate_fn, device=tier)
     plan = plan_loading(facts, machine_facts(device, tier), world, budgets)
