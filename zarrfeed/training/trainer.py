@@ -53,6 +53,7 @@ from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
 from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.data.plan import Budgets, world_facts
+from zarrfeed.training.data.protocols import HoldsOut
 from zarrfeed.training.report import EventLog, loss_curve_png
 from zarrfeed.training.result import TrainResult
 from zarrfeed.training.runtime import DistEnv, amp_policy, make_optimizer, resolve_device
@@ -157,8 +158,8 @@ class Trainer:
         collate, b = self.task.collate(dataset), self.config.train.batch_size
         count = min(self.config.data.eval_batches * b, len(dataset))
         picks = np.linspace(0, len(dataset) - 1, count).astype(int)
-        held = getattr(dataset, "eval_keys", None)
-        if held is not None and self.task.evaluates_on == "held_out":
+        if isinstance(dataset, HoldsOut) and self.task.evaluates_on == "held_out":
+            held = dataset.eval_keys
             kept = f"{len(held)} of {len(dataset.keys)} scans held out" if held else (
                 "nothing held out (one scan): scored on the scan it trains on")  # fmt: skip
             if dataset.split is None:
