@@ -36,6 +36,7 @@ from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
 from zarrfeed.training.data import GB
 from zarrfeed.training.data.feed import make_feed
+from zarrfeed.training.data.plan import Budgets
 from zarrfeed.training.data.shm import clear_caches
 
 PATCH, PER_VOLUME, BATCH = 64, 128, 8
@@ -203,8 +204,8 @@ def ct_loaders(
 def feed_rate(ds: CTPatchDataset, workers: int, epochs: int = 2) -> float:
     """Patches per second as the trainer gets them: the pipelined feed's DataLoader path on
     the CPU (workers write into reused batch slots; the feed copies each batch out)."""
-    feed = make_feed(ds, BATCH, torch.device("cpu"), workers=workers, order="random",
-                     device_cache="off", context="fork", log=None)  # fmt: skip
+    budgets = Budgets(BATCH, workers=workers, order="random", device_cache="off", context="fork")
+    feed = make_feed(ds, torch.device("cpu"), budgets, log=None)
     feed.begin(0, 0)
     try:
         feed.next()  # the workers are up
@@ -556,18 +557,27 @@ def init_10k(work: Path, n: int) -> None:
     store = ZarrStore(work / "many.zarr")
     keys = [f"scan_{i:05d}" for i in range(n)]
     part = {"arrays": {"lung": {"shape": [240, 480, 480], "dtype": "float16"}}}
+    rng = np.random.default_rng(0)
+    with store.write_partition("ct/patches", keys[0], {"patch_shape": [64, 64, 64]}) as w:
+        w.write("origins", np.zeros((1, 3), np.uint16), read="rows")
+    # Only the first patches partition is read (its patch_shape); the others are named at a
+    # version that was never written, as every manifest entry names its version.
+    first = store.commit_record("ct/patches", keys[0])["version"]
+    unwritten = "v-never-written"
+    versions = [first] + [unwritten] * (n - 1)
     manifest = {
         "dataset": "ct",
         "keys": keys,
         "incomplete": [],
         "assets": {
-            "ct/windows": {"partitions": [dict(part, key=k) for k in keys]},
-            "ct/patches": {"partitions": [{"key": k} for k in keys]},  # its patch_shape
+            "ct/windows": {"partitions": [dict(part, key=k, version=unwritten) for k in keys]},
+            "ct/patches": {
+                "partitions": [
+                    {"key": k, "version": v} for k, v in zip(keys, versions, strict=True)
+                ]
+            },
         },
     }
-    rng = np.random.default_rng(0)
-    with store.write_partition("ct/patches", keys[0], {"patch_shape": [64, 64, 64]}) as w:
-        w.write("origins", np.zeros((1, 3), np.uint16), read="rows")
     with store.write_partition("datasets/ct", "patches", {"keys": keys}) as w:
         w.write("offsets", np.arange(0, 128 * n + 1, 128, dtype=np.int64), read="whole")
         w.write("origins", rng.integers(0, 176, (128 * n, 3)).astype(np.uint16), read="rows")

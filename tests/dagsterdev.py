@@ -38,8 +38,10 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def start_dagster_dev(env: dict[str, str], log_path: Path) -> Iterator[int]:
-    """Webserver + daemon (sensors, automation) for ``workspace.yaml``; yields the port."""
+def start_dagster_dev(env: dict[str, str], log_path: Path, timeout: float = 120) -> Iterator[int]:
+    """Webserver + daemon (sensors, automation) for ``workspace.yaml``; yields the port once
+    the webserver answers.  A ``dg dev`` that exits first, or is not up within ``timeout``
+    seconds, fails naming its log."""
     port = free_port()
     cmd = [Path(sys.executable).with_name("dg"), "dev", "-w", REPO / "workspace.yaml",
            "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
@@ -55,16 +57,19 @@ def start_dagster_dev(env: dict[str, str], log_path: Path) -> Iterator[int]:
         try:
 
             def up() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"dg dev exited {proc.returncode}; see {log_path}")
                 try:
                     url = f"http://127.0.0.1:{port}/server_info"
                     return urllib.request.urlopen(url).status == 200
                 except OSError:
                     return False
 
-            wait_for(up, 120, "the webserver")
+            wait_for(up, timeout, f"the webserver (log: {log_path})")
             yield port
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # the group has already gone
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import weakref
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.transforms.augment import (
+    OPERATIONS,
     Affine,
     Blur,
     Elastic,
@@ -28,6 +29,7 @@ from zarrfeed.transforms.augment import (
     Noise,
     Pipeline,
     Rot90,
+    params,
     spatial,
 )
 from zarrfeed.transforms.augment.params import ROT90, mix32, rot90_matrices, stream_key, uniforms
@@ -360,6 +362,18 @@ def test_the_training_yaml_declares_the_augmentation():
     for bad in ({"nois": {}}, {"noise": {"p": 2}}, {"flip": {"axis": [0]}}, {"recipe": "mri"}):
         with pytest.raises(ValueError):
             AugmentConfig.model_validate(bad)
+
+
+def test_the_config_the_engine_and_the_streams_hold_the_declared_operations():
+    """``ops.Operations`` lists the operations once: the training config has a field for
+    each and no other (the engine would drop it), every test here covers each, and each
+    draws from a parameter stream of its own."""
+    settings = {"recipe", "keys", "padding", "spatial_dims"}
+    assert set(AugmentConfig.model_fields) - settings == set(OPERATIONS)
+    assert {f.name for f in fields(Pipeline)} - settings == set(OPERATIONS)
+    assert list(HALF) == list(OPERATIONS)
+    streams = [getattr(params, name.upper()) for name in OPERATIONS]
+    assert len(set(streams)) == len(OPERATIONS)
 
 
 def test_a_sample_augmented_on_its_own_is_its_row_of_the_batch():

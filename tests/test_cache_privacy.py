@@ -292,19 +292,3 @@ def test_d_with_the_group_setting_a_member_reads_and_others_do_not(base, monkeyp
             print(json.dumps(type(exc).__name__))
     """, env={cachedirs.GROUP_VAR: ""})  # fmt: skip
     assert private == "PermissionError"
-
-
-def test_caches_left_in_the_base_by_earlier_versions_are_removed_only_if_ours(base):
-    """Before per-account roots, caches sat in the base itself: this account's (unused) are
-    swept, another account's are left alone (they are not ours to remove)."""
-    from zarrfeed.training.data.shm import sweep
-
-    ours, theirs = base / "zarrfeed-arrays-0000aaaa", base / "zarrfeed-arrays-0000bbbb"
-    for folder in (ours, theirs):
-        folder.mkdir()
-        (folder / "meta.json").write_text("{}")
-        (folder / "owners").write_text("")
-    os.chown(theirs, NOBODY.pw_uid, NOBODY.pw_gid)
-    removed = sweep()
-    assert ours.name in removed and not ours.exists()
-    assert theirs.exists() and theirs.name not in removed

@@ -59,10 +59,9 @@ def same(a: list[tuple[tuple, dict]], b: list[tuple[tuple, dict]]) -> None:
 
 
 def feed_of(ds: Dataset, on: bool, gb: float = 1.0) -> Feed:
-    return make_feed(
-        ds, BATCH, CPU, collate_fn=collate(ds), workers=0, order="random",
-        device_cache="on" if on else "off", device_cache_gb=gb, seed=5, log=None,
-    )  # fmt: skip
+    budgets = Budgets(BATCH, workers=0, order="random", device_cache="on" if on else "off",
+                      device_cache_gb=gb)  # fmt: skip
+    return make_feed(ds, CPU, budgets, collate_fn=collate(ds), seed=5, log=None)
 
 
 def device_plan(ds: Dataset, gb: float = 1.0) -> tuple[str, list[str]]:

@@ -628,7 +628,8 @@ def test_palette_and_bilevel_pngs_read_as_their_colours(tmp_path):
     grey = Image.fromarray(indices, "P")
     grey.putpalette(np.repeat(levels, 3).tolist())  # grey levels as a palette
     grey.save(tmp_path / "grey_p.png")
-    assert Image.open(tmp_path / "grey_p.png").mode == "P"
+    with Image.open(tmp_path / "grey_p.png") as stored:
+        assert stored.mode == "P"
     np.testing.assert_array_equal(read_image(tmp_path / "grey_p.png"), levels[indices])
     Image.fromarray(rgb[..., 0] > 128).save(tmp_path / "b.png")
     got = read_image(tmp_path / "b.png")

@@ -12,6 +12,7 @@ from dagster._core.definitions.metadata import MetadataValue
 from zarrfeed.commands.demo import Row, _score, print_summary
 from zarrfeed.families.ct.tasks import CTClassification
 from zarrfeed.training.data.ct import CTPatchDataset, held_out
+from zarrfeed.training.data.protocols import HoldsOut
 from zarrfeed.training.pipes import learned_check
 from zarrfeed.training.result import TrainResult
 from zarrfeed.training.tasks import TASK_TYPES, Task
@@ -123,6 +124,7 @@ def test_the_classifier_never_scores_a_scan_it_trains_on(built):
     keys = np.array(every.keys)
     seen, scored = set(keys[train.items]), set(keys[evaluate.items])
     assert scored == set(every.eval_keys) and all(k.startswith("valid_") for k in scored)
+    assert isinstance(every, HoldsOut)  # what the trainer's evaluation line reads
     assert not seen & scored and seen | scored == set(keys[every.items])
     assert len(train) + len(evaluate) == len(every)
     np.testing.assert_array_equal(  # the patches are those of the whole index

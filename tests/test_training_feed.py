@@ -54,10 +54,11 @@ def feed_of(ds: CTPatchDataset, mode: str, order: str, workers: int = 0) -> Feed
     """``mode``: "loader" (the DataLoader path), "volumes" or "slots" (a pool of a sixth of
     the dataset's units)."""
     gb = {"loader": None, "volumes": 1.0, "slots": pool_bytes(ds, 16) / (1 << 30)}[mode]
-    return make_feed(
-        ds, BATCH, CPU, workers=workers, order=order, device_cache="off" if gb is None else "on",
-        device_cache_gb=gb, seed=5, log=None, context="forkserver",
+    budgets = Budgets(
+        BATCH, workers=workers, order=order, device_cache="off" if gb is None else "on",
+        device_cache_gb=gb, context="forkserver",
     )  # fmt: skip
+    return make_feed(ds, CPU, budgets, seed=5, log=None)
 
 
 def take(feed: Feed, n: int, start: tuple[int, int] = (0, 0)) -> list[tuple[tuple, dict]]:
@@ -168,8 +169,9 @@ def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
     budget = pool_bytes(ds, 24)  # a quarter of the units; a block (one scan, 12 units): half
     per_epoch = len(ds) // BATCH
     lines: list[str] = []
-    feed = make_feed(ds, BATCH, CPU, workers=0, order="auto", device_cache="on",
-                     device_cache_gb=budget / (1 << 30), seed=5, log=lines.append)  # fmt: skip
+    budgets = Budgets(BATCH, workers=0, order="auto", device_cache="on",
+                      device_cache_gb=budget / (1 << 30))  # fmt: skip
+    feed = make_feed(ds, CPU, budgets, seed=5, log=lines.append)
     pool = feed.source
     got = take(feed, 2 * per_epoch + 3)
     # the DataLoader path over the same block order
@@ -198,10 +200,12 @@ def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
 @pytest.mark.parametrize("mode", ["loader", "volumes"])
 def test_the_next_epoch_is_ready_before_a_slow_step_ends(store, mode):
     ds = CTPatchDataset(store, cache_gb=1)
-    feed = make_feed(
-        ds, 32, CPU, workers=1 if mode == "loader" else 0, order="random",
-        device_cache="off" if mode == "loader" else "on", device_cache_gb=1.0, log=None,
+    budgets = Budgets(
+        32, workers=1 if mode == "loader" else 0, order="random",
+        device_cache="off" if mode == "loader" else "on", device_cache_gb=1.0,
+        context="forkserver",
     )  # fmt: skip
+    feed = make_feed(ds, CPU, budgets, log=None)
     assert feed.per_epoch == 4
     feed.begin(0, 0)
     try:

@@ -15,15 +15,14 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from dagsterdev import start_dagster_dev  # the `dg dev` the end-to-end tests start
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -51,43 +50,13 @@ def run_demo(demo: Path) -> None:
     subprocess.run(cmd, cwd=demo, env=env, check=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def dagster_dev(demo: Path) -> Iterator[str]:
-    """``dg dev`` on 127.0.0.1 over the demo's instance; yields its URL.  It runs in the
-    instance folder: the dagster CLI would load a ``.env`` of its working folder over the
-    environment."""
-    port = free_port()
-    home = demo / ".dagster_home"
-    cmd = [str(BIN / "dg"), "dev", "-w", str(REPO / "workspace.yaml"),
-           "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
-    with open(home / "docs-images-dev.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=home, env=demo_env(demo), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/server_info").status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"dg dev did not come up; see {home / 'docs-images-dev.log'}")
-            time.sleep(2)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    """``dg dev`` on 127.0.0.1 over the demo's instance, as the end-to-end tests start it
+    (in the instance folder, whose ``.env`` the dagster CLI would load); yields its URL."""
+    log = demo / ".dagster_home" / "docs-images-dev.log"
+    with start_dagster_dev(demo_env(demo), log, timeout=180) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def save_png(page, path: Path) -> None:

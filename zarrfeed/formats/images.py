@@ -84,10 +84,11 @@ def _png16(path: Path) -> np.ndarray | None:
     """A 16-bit colour PNG (grey-alpha, RGB, RGBA) as (H, W, C) uint16, its samples as
     stored (pypng's ``read``: no palette, no tRNS or sBIT applied); None when the header
     says 8 bits (then Pillow reads it exactly)."""
-    width, height, rows, info = png.Reader(filename=str(path)).read()
-    if info["bitdepth"] != 16:
-        return None
-    image = np.vstack([np.frombuffer(row, np.uint16) for row in rows])
+    with path.open("rb") as file:  # pypng's Reader(filename=) never closes the file it opens
+        width, height, rows, info = png.Reader(file=file).read()
+        if info["bitdepth"] != 16:
+            return None
+        image = np.vstack([np.frombuffer(row, np.uint16) for row in rows])  # rows read lazily
     return image.reshape(height, width, info["planes"])
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zarrfeed.transforms.augment.ops import (
+    OPERATIONS,
     Affine,
     Blur,
     Elastic,
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     import torch
 
     from zarrfeed.transforms.augment.pipeline import Pipeline
-
-OPERATIONS = ("flip", "rot90", "affine", "elastic", "intensity", "gamma", "noise", "blur")
 
 NONE: dict[str, Any] = {"keys": {"image": "image"}}  # the recipe "none": no operation
 

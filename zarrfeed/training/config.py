@@ -73,7 +73,7 @@ class DataSection(Section):
 
 
 class LoaderConfig(Section):
-    """DataLoader sizing (``zarrfeed.training.data.loader.plan_loader``) and order."""
+    """DataLoader sizing (``zarrfeed.training.data.plan.plan_loader``) and order."""
 
     workers: str = Field(
         "auto", description="loader processes in all: 'auto', 'cpu*0.9' or an integer"

@@ -128,9 +128,13 @@ class Task:
         raise NotImplementedError
 
     def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
+        """The dataset's own collate function (:class:`~.data.protocols.Collating`), else
+        torch's default."""
         from torch.utils.data import default_collate
 
-        return getattr(dataset, "collate", None) or default_collate
+        from zarrfeed.training.data.loader import collate_of
+
+        return collate_of(dataset) or default_collate
 
     def pooled(
         self, model: nn.Module, batches: Sequence[Batch]

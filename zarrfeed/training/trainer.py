@@ -54,6 +54,8 @@ from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
 from zarrfeed.training.data.loader import batch_len
+from zarrfeed.training.data.plan import Budgets, world_facts
+from zarrfeed.training.data.protocols import HoldsOut
 from zarrfeed.training.report import EventLog, loss_curve_png
 from zarrfeed.training.result import TrainResult
 from zarrfeed.training.runtime import DistEnv, amp_policy, make_optimizer, resolve_device
@@ -113,19 +115,21 @@ class Trainer:
     def _feed(self, dataset: Dataset) -> Feed:
         """The pipelined feed, its producer (and DataLoader workers) started at once."""
         c = self.config
-        return make_feed(
-            dataset,
+        budgets = Budgets(
             c.train.batch_size,
-            self.device,
-            collate_fn=self.task.collate(dataset),
             workers=c.dataloader.workers,
             preload={"auto": "auto", "always": True, "never": False}[c.dataloader.preload],
             order=c.dataloader.sampler,
             device_cache=c.dataloader.device_cache,
             device_cache_gb=c.dataloader.device_cache_gb,
             context=c.dataloader.context,
-            rank=self.env.rank,
-            world=self.env.world,
+        )
+        return make_feed(
+            dataset,
+            self.device,
+            budgets,
+            world_facts(self.env.rank, self.env.world),
+            collate_fn=self.task.collate(dataset),
             seed=c.seed,
             log=self.log,
         )
@@ -156,8 +160,8 @@ class Trainer:
         collate, b = self.task.collate(dataset), self.config.train.batch_size
         count = min(self.config.data.eval_batches * b, len(dataset))
         picks = np.linspace(0, len(dataset) - 1, count).astype(int)
-        held = getattr(dataset, "eval_keys", None)
-        if held is not None and self.task.evaluates_on == "held_out":
+        if isinstance(dataset, HoldsOut) and self.task.evaluates_on == "held_out":
+            held = dataset.eval_keys
             kept = f"{len(held)} of {len(dataset.keys)} scans held out" if held else (
                 "nothing held out (one scan): scored on the scan it trains on")  # fmt: skip
             if dataset.split is None:

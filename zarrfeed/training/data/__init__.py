@@ -5,14 +5,14 @@ from zarrfeed.training.data.arrays import Fill, SharedArrayCache
 from zarrfeed.training.data.base import GB, StoreDataset, collate_batch
 from zarrfeed.training.data.ct import CTPatchDataset, SparsePointsDataset, collate_points
 from zarrfeed.training.data.images import ImagePatchDataset
-from zarrfeed.training.data.loader import make_loader, plan_loader
+from zarrfeed.training.data.loader import make_loader
 from zarrfeed.training.data.patches import (
     ForegroundPatches,
     PatchSampler,
     StoredPatches,
     UniformPatches,
 )
-from zarrfeed.training.data.plan import LoaderPlan, LoadingPlan, plan_loading
+from zarrfeed.training.data.plan import LoaderPlan, LoadingPlan, plan_loader, plan_loading
 from zarrfeed.training.data.reader import CachedArrays
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
 from zarrfeed.training.data.spike import SpikeClipDataset

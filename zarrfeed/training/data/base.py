@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from zarrfeed.datasets import open_dataset, snapshots
+from zarrfeed.datasets import Lease, open_dataset, snapshots
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
@@ -131,10 +131,9 @@ class StoreDataset(Dataset):
         if dataset_version is None and snapshots(self.store).pointer(self.dataset) is None:
             raise StoreError(f"{self.url} has no {self.dataset}_dataset manifest yet: {build}")
         manifest, lease = open_dataset(self.store, self.dataset, dataset_version)
-        self._lease = lease
-        if lease is not None:  # released when the dataset goes, at the latest
-            weakref.finalize(self, lease.release)
-        self.dataset_version: str | None = manifest.get("id")
+        self._lease: Lease | None = lease  # None in a spawned worker (see __getstate__)
+        weakref.finalize(self, lease.release)  # released when the dataset goes, at the latest
+        self.dataset_version: str = manifest["id"]
         self.tables: dict[str, str] = manifest.get("tables") or {}
         self.keys: list[str] = manifest["keys"]
         if not self.keys:
@@ -171,8 +170,7 @@ class StoreDataset(Dataset):
         source = self.manifest_assets.get(attrs.get("source_asset", ""))
         stale = attrs.get("keys") != self.keys or (
             source is not None
-            and "versions" in attrs
-            and attrs["versions"] != [p["version"] for p in source["partitions"]]
+            and attrs.get("versions") != [p["version"] for p in source["partitions"]]
         )
         if stale:
             raise StoreError(
@@ -195,8 +193,8 @@ class StoreDataset(Dataset):
         records = self.store.commit_records(asset, keys)
         found = []
         for i, key in zip(items, keys, strict=True):
-            record, version = records[key], partitions[i].get("version")
-            if record is not None and version in (None, record.get("version")):
+            record, version = records[key], partitions[i]["version"]
+            if record is not None and version == record["version"]:
                 found.append(record["attrs"])
             else:
                 found.append(dict(self.store.open_partition(asset, key, version).attrs))

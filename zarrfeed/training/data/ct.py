@@ -75,6 +75,7 @@ class CTPatchDataset(StoreDataset):
     """
 
     dataset, asset = CT.name, CT_WINDOWS.path
+    occupancy = CT_SPARSE.path  # the occupied cells of each window (foreground patches)
     collate = staticmethod(collate_batch)
 
     def __init__(

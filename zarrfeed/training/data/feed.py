@@ -26,6 +26,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from zarrfeed.training.data.loader import build_loader, collate_of, run_preload
 from zarrfeed.training.data.plan import (
     Budgets,
     LoadingPlan,
+    World,
     data_facts,
     machine_facts,
     plan_loading,
@@ -224,17 +226,10 @@ class Feed:
 
 def make_feed(
     dataset: Dataset,
-    batch_size: int,
     device: torch.device,
+    budgets: Budgets,
+    world: World | None = None,
     collate_fn: Callable | None = None,
-    workers: int | str = "auto",
-    preload: bool | str = "auto",
-    order: str = "auto",
-    device_cache: str = "auto",
-    device_cache_gb: float | None = None,
-    context: str = "forkserver",
-    rank: int = 0,
-    world: int = 1,
     seed: int = 0,
     log: Callable[[str], None] | None = print,
     depth: int = 2,
@@ -242,25 +237,30 @@ def make_feed(
     """The feed for ``dataset`` on ``device``, as the loading plan
     (:func:`~zarrfeed.training.data.plan.plan_loading`) has it: the device tier when it can
     cut the batches (then the epoch order for it), else one persistent DataLoader over the
-    host cache.  The plan and its reasons are logged as one block."""
+    host cache.  The plan and its reasons are logged as one block.
+
+    ``budgets``: what was configured; a feed always weighs the device tier, so a
+    ``device_cache`` of None reads as "auto", and a ``pin_memory`` of None as whether
+    ``device`` is CUDA.  ``world``: this process's rank (None: rank 0 of 1); ``seed``: the
+    epoch orders' and the workers' seed; ``depth``: batches prepared ahead."""
     collate_fn = collate_of(dataset, collate_fn)
-    budgets = Budgets(
-        batch_size, workers, preload, order, device_cache=device_cache,
-        device_cache_gb=device_cache_gb, pin_memory=device.type == "cuda", context=context,
-    )  # fmt: skip
-    tier = device_cache != "off"
-    facts = data_facts(dataset, collate_fn, device=tier, batch_size=batch_size)
-    plan = plan_loading(facts, machine_facts(device, tier), world_facts(rank, world), budgets)
+    budgets = replace(
+        budgets,
+        device_cache=budgets.device_cache or "auto",
+        pin_memory=device.type == "cuda" if budgets.pin_memory is None else budgets.pin_memory,
+    )
+    world = world_facts() if world is None else world
+    tier = budgets.device_cache != "off"
+    facts = data_facts(dataset, collate_fn, device=tier, batch_size=budgets.batch_size)
+    plan = plan_loading(facts, machine_facts(device, tier), world, budgets)
     run_preload(dataset, plan)
     assert plan.order is not None  # the feed always walks an order of its own
+    sampler = build_order(plan.order, dataset, world.rank, world.world, seed)
     if plan.tier == "loader":
-        sampler = build_order(plan.order, dataset, rank, world, seed)
-        feed = _loader_feed(dataset, plan, sampler, batch_size, device, collate_fn, context,
-                            seed, depth)  # fmt: skip
+        feed = _loader_feed(dataset, plan, sampler, budgets, device, collate_fn, seed, depth)
     else:
-        holder = device_source(dataset, device, plan.tier, plan.device_budget, batch_size)
-        sampler = build_order(plan.order, dataset, rank, world, seed)
-        feed = _device_feed(dataset, plan, holder, sampler, batch_size, device, depth)
+        holder = device_source(dataset, device, plan.tier, plan.device_budget, budgets.batch_size)
+        feed = _device_feed(dataset, plan, holder, sampler, budgets.batch_size, device, depth)
     if log:
         log(plan.loader.log_block())
     return feed
@@ -308,18 +308,19 @@ def _loader_feed(
     dataset: Dataset,
     plan: LoadingPlan,
     sampler: ResumableSampler | BlockSampler,
-    batch_size: int,
+    budgets: Budgets,
     device: torch.device,
     collate_fn: Callable | None,
-    context: str,
     seed: int,
     depth: int,
 ) -> Feed:
     """Batches from one persistent DataLoader, keyed by (epoch, index), in ``sampler``'s
     order epoch after epoch."""
-    chain = EpochChain(sampler, batch_size)
+    chain = EpochChain(sampler, budgets.batch_size)
     keys = LoaderKeys(chain)
-    loader = build_loader(dataset, plan, batch_size, context, collate_fn, batch_sampler=keys)
+    loader = build_loader(
+        dataset, plan, budgets.batch_size, budgets.context, collate_fn, batch_sampler=keys
+    )
     if plan.threads is not None:  # the model trains on the CPU beside the workers
         torch.set_num_threads(plan.threads)
     # Batch slots the workers reuse are freed once copied out (the DataLoader pins otherwise).

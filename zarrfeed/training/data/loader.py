@@ -19,7 +19,6 @@ from zarrfeed.training.data.plan import (
     data_facts,
     machine_facts,
     plan_loading,
-    plan_workers,
     preloaded,
     started,
     world_facts,
@@ -27,25 +26,6 @@ from zarrfeed.training.data.plan import (
 from zarrfeed.training.data.protocols import Collating, Ordering, StoreBacked
 from zarrfeed.training.data.sampler import build_order
 from zarrfeed.training.data.start import start_method
-
-
-def plan_loader(
-    dataset_len: int,
-    batch_size: int,
-    workers: int | str = "auto",
-    sample_bytes: int = 0,
-    cache_bytes: int = 0,
-    train: bool = True,
-    context: str = "forkserver",
-    in_flight_bytes: int = 0,
-    pin_memory: bool | None = None,
-    ring: bool = False,
-) -> LoaderPlan:
-    """The loading plan's worker settings (:func:`~.plan.plan_workers`) on this machine."""
-    return plan_workers(
-        dataset_len, batch_size, workers, machine_facts(), world_facts(), sample_bytes,
-        cache_bytes, train, context, in_flight_bytes, pin_memory, ring,
-    )  # fmt: skip
 
 
 def collate_of(dataset: Dataset, collate_fn: Callable | None = None) -> Callable | None:

@@ -6,9 +6,9 @@ placement is a function of (seed, epoch, index), so a run is repeatable and a re
 reads the same patches.  ``StoredPatches`` reads the ``ct_patches`` index (mostly-body
 patches chosen when the store was built); ``UniformPatches`` puts the patch anywhere inside
 the volume, each position equally likely; ``ForegroundPatches`` centres it on a random
-occupied cell of the stored ``ct_sparse`` occupancy of the dataset's window (the voxels
-above the window threshold) — TorchIO's ``LabelSampler``/``WeightedSampler`` with that
-occupancy as the probability map.
+occupied cell of the stored occupancy the dataset names (``occupancy``: the asset of its
+window's voxels above the window threshold, ``ct_sparse`` for CT) — TorchIO's
+``LabelSampler``/``WeightedSampler`` with that occupancy as the probability map.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from zarrfeed.errors import StoreError
-from zarrfeed.families.ct import CT_SPARSE
 
 PATCH_STREAM = 2  # the dataset rng stream that places patches
 
@@ -84,10 +83,11 @@ class UniformPatches(PatchSampler):
 
 
 class ForegroundPatches(PatchSampler):
-    """Centred on a random occupied cell of the stored occupancy (``ct_sparse`` of the
-    dataset's window), each cell equally likely, with probability ``foreground``; anywhere in
-    the volume otherwise (MONAI's positive/negative ratio).  Patches are clamped inside the
-    volume, so a centre near an edge moves the patch, not its size."""
+    """Centred on a random occupied cell of the stored occupancy (the asset the dataset names
+    as ``occupancy``, one array per window), each cell equally likely, with probability
+    ``foreground``; anywhere in the volume otherwise (MONAI's positive/negative ratio).
+    Patches are clamped inside the volume, so a centre near an edge moves the patch, not its
+    size."""
 
     name = "foreground"
 
@@ -100,22 +100,23 @@ class ForegroundPatches(PatchSampler):
     def bind(self, dataset: Any) -> None:
         super().bind(dataset)
         self._cells = {}
-        if CT_SPARSE.path not in dataset.manifest_assets:
+        self.occupancy: str = dataset.occupancy
+        if self.occupancy not in dataset.manifest_assets:
             raise StoreError(
-                f"{dataset.url}: the {dataset.dataset} manifest has no {CT_SPARSE.path}: "
+                f"{dataset.url}: the {dataset.dataset} manifest has no {self.occupancy}: "
                 "foreground patches need the stored occupancy"
             )
-        self.partitions = dataset.manifest_assets[CT_SPARSE.path]["partitions"]
+        self.partitions = dataset.manifest_assets[self.occupancy]["partitions"]
         if dataset.window not in self.partitions[0]["arrays"]:
             have = ", ".join(sorted(self.partitions[0]["arrays"]))
             raise StoreError(
-                f"{CT_SPARSE.path} of {dataset.url} has no window {dataset.window!r} "
-                f"(it has {have}): rebuild ct_sparse with that window"
+                f"{self.occupancy} of {dataset.url} has no window {dataset.window!r} "
+                f"(it has {have}): rebuild {self.occupancy} with that window"
             )
         # The versions the manifest lists, as the windows are read: a partition rebuilt
         # since (another grid, other cells) fails loudly instead of mixing two builds.
         first = dataset.store.open_partition(
-            CT_SPARSE.path, dataset.keys[0], self.partitions[0]["version"]
+            self.occupancy, dataset.keys[0], self.partitions[0]["version"]
         )
         self.grid = int(first.attrs["params"]["sparse_grid"] or 0)  # 0: full resolution
 
@@ -127,10 +128,10 @@ class ForegroundPatches(PatchSampler):
         found = self._cells.get(item)
         if found is None:
             key, version = self.dataset.keys[item], self.partitions[item]["version"]
-            found = self.dataset.store.read_array(CT_SPARSE.path, key, self.dataset.window, version)
+            found = self.dataset.store.read_array(self.occupancy, key, self.dataset.window, version)
             if not len(found):
                 raise StoreError(
-                    f"{CT_SPARSE.path}/{key} of {self.dataset.url} has no occupied cell in "
+                    f"{self.occupancy}/{key} of {self.dataset.url} has no occupied cell in "
                     f"window {self.dataset.window!r}: nothing to centre foreground patches on "
                     "(use patch_sampler='uniform')"
                 )

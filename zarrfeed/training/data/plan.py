@@ -253,10 +253,10 @@ def plan_loading(data: DataFacts, machine: Machine, world: World, budgets: Budge
         order_reasons.append(f"sampler: {order.reason}")
     ring = data.worker_configurable and (data.hands_on if feed else budgets.ring)
     in_flight = int(IN_FLIGHT_SHARE * cache.budget_bytes) if beyond_ram else 0
-    loader = plan_workers(
-        data.samples, budgets.batch_size, budgets.workers, machine, world, data.sample_bytes,
+    loader = plan_loader(
+        data.samples, budgets.batch_size, budgets.workers, data.sample_bytes,
         cache.budget_bytes if cache is not None else 0, budgets.train, budgets.context,
-        in_flight, budgets.pin_memory, ring,
+        in_flight, budgets.pin_memory, ring, machine, world,
     )  # fmt: skip
     loader.shared_batches = data.hands_on
     threads, thread_reasons = None, []
@@ -380,12 +380,10 @@ def _device_order(
 
 
 # workers and threads --------------------------------------------------------------------------
-def plan_workers(
+def plan_loader(
     dataset_len: int,
     batch_size: int,
-    workers: int | str,
-    machine: Machine,
-    world: World,
+    workers: int | str = "auto",
     sample_bytes: int = 0,
     cache_bytes: int = 0,
     train: bool = True,
@@ -393,11 +391,16 @@ def plan_workers(
     in_flight_bytes: int = 0,
     pin_memory: bool | None = None,
     ring: bool = False,
+    machine: Machine | None = None,
+    world: World | None = None,
 ) -> LoaderPlan:
-    """Resolve ``workers`` ("auto", "cpu*0.9", N) against ``machine`` and the dataset;
-    ``in_flight_bytes`` (when set) bounds the shared memory of the batches in flight;
-    ``pin_memory``: whether batches go to a CUDA device (None: whether CUDA is present);
-    ``ring``: workers reuse batch slots that the consumer frees (:mod:`.ring`)."""
+    """The DataLoader settings: ``workers`` ("auto", "cpu*0.9", N) resolved against
+    ``machine`` (None: this one, :func:`machine_facts`), ``world`` (None: :func:`world_facts`)
+    and the dataset; ``in_flight_bytes`` (when set) bounds the shared memory of the batches
+    in flight; ``pin_memory``: whether batches go to a CUDA device (None: whether CUDA is
+    present); ``ring``: workers reuse batch slots that the consumer frees (:mod:`.ring`)."""
+    machine = machine_facts() if machine is None else machine
+    world = world_facts() if world is None else world
     cpus, ranks = machine.cpus, world.local
     reasons = [f"CPUs usable: {cpus} ({machine.cpus_how}); local world size: {ranks}"]
     batches = max(1, math.ceil(dataset_len / batch_size))

@@ -122,6 +122,17 @@ class Collating(Protocol):
     collate: Callable[[Sequence[Any]], Any]
 
 
+@runtime_checkable
+class HoldsOut(Protocol):
+    """A dataset that holds samples out of training for evaluation: ``keys`` are every
+    partition of its manifest, ``eval_keys`` those held out, ``split`` which side it keeps
+    ("train", "eval", or None for both)."""
+
+    keys: list[str]
+    eval_keys: list[str]
+    split: str | None
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """What a loader worker's copy of the dataset is told when the worker starts.

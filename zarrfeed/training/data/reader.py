@@ -115,7 +115,6 @@ class CachedArrays:
                 "arrays": {},
                 "bases": {},
                 "keys": {},
-                "versions": {},
             }
         return self._local
 
@@ -154,15 +153,8 @@ class CachedArrays:
         return found
 
     def _version(self, asset: str, item: int, name: str) -> str:
-        """The manifest's version of a partition; for a manifest without versions, the one
-        committed when this process first asked (then kept, so keys and bytes agree)."""
-        g = self.groups[asset, name]
-        if g.versions[item] is not None:
-            return g.versions[item]
-        pinned = self._mine()["versions"]
-        if (asset, item) not in pinned:
-            pinned[asset, item] = self.store.commit_record(asset, g.keys[item])["version"]
-        return pinned[asset, item]
+        """The manifest's version of a partition."""
+        return self.groups[asset, name].versions[item]
 
     def entry_key(self, asset: str, item: int, name: str) -> str:
         """What an in-RAM entry is: store identity, asset, partition, version, array."""

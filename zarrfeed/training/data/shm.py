@@ -35,7 +35,6 @@ from zarrfeed.training.data.locks import flock_exclusive_now, flock_shared
 log = logging.getLogger("zarrfeed.training")
 
 PREFIX = "zarrfeed-"
-LEGACY = "zarrfeed-cache-"  # folders of the per-array cache before identity keys (no meta.json)
 OWNERS = "owners"
 OPENING_S = 60.0  # a folder without its owners file this young is still being created
 
@@ -214,22 +213,13 @@ def _folders(root: Path | None) -> list[Path]:
         for e in entries
         if e.name.startswith(PREFIX)
         and e.is_dir(follow_symlinks=False)
-        and (e.name.startswith(LEGACY) or os.path.exists(os.path.join(e.path, "meta.json")))
+        and os.path.exists(os.path.join(e.path, "meta.json"))
     ]
 
 
-def _before_roots() -> list[Path]:
-    """This account's caches that zarrfeed versions before per-account roots left directly
-    in the base: nothing reads them any more, so they are removed once unused (``/dev/shm``
-    is memory)."""
-    uid = os.geteuid()
-    return [f for f in _folders(shm_base()) if os.lstat(f).st_uid == uid]
-
-
 def _last_used(folder: Path) -> float:
-    for name in (OWNERS, ".lock", ".stats"):  # .lock/.stats: legacy folders
-        if (st := _stat(folder / name)) is not None:
-            return st.st_mtime
+    if (st := _stat(folder / OWNERS)) is not None:
+        return st.st_mtime
     return (_stat(folder) or os.stat_result((0,) * 10)).st_mtime
 
 
@@ -243,9 +233,6 @@ def _remove(folder: Path) -> None:
 
 def _remove_if_unused(folder: Path) -> bool:
     """Remove ``folder`` unless a process holds it; True when it is gone."""
-    if folder.name.startswith(LEGACY):
-        _remove(folder)
-        return True
     try:
         fd = os.open(folder / OWNERS, os.O_RDWR)
     except FileNotFoundError:  # being created right now, or left by a crash long ago
@@ -267,7 +254,7 @@ def sweep(keep: Path | None = None, need_bytes: int = 0, root: Path | None = Non
     all caches plus ``need_bytes`` exceed the machine-wide cap; names of those removed."""
     folders = [f for f in _folders(root or open_root(create=False)) if f != keep]
     now, cap, idle = time.time(), machine_cap(), max_idle_s()
-    removed = [f.name for f in _before_roots() if _remove_if_unused(f)]
+    removed: list[str] = []
     for folder in sorted(folders, key=_last_used):
         if now - _last_used(folder) > idle and _remove_if_unused(folder):
             removed.append(folder.name)
@@ -309,7 +296,7 @@ def list_caches(root: Path | None = None) -> list[CacheInfo]:
     """Every cache folder under the root, largest first."""
     owners, now, out = _owners(), time.time(), []
     for folder in _folders(root or open_root(create=False)):
-        meta: dict[str, Any] = {"kind": "legacy", "store": "?"}
+        meta: dict[str, Any] = {"kind": "unreadable meta.json", "store": "?"}
         with contextlib.suppress(OSError, ValueError):
             meta = json.loads((folder / "meta.json").read_text())
         st = _stat(folder / OWNERS)

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from zarrfeed.processes import cpu_budget
 from zarrfeed.training.data.base import collate_batch
-from zarrfeed.training.data.loader import batch_len, collate_of, plan_loader
-from zarrfeed.training.data.plan import LoaderPlan
+from zarrfeed.training.data.loader import batch_len, collate_of
+from zarrfeed.training.data.plan import LoaderPlan, plan_loader
 from zarrfeed.training.data.protocols import StoreBacked
 from zarrfeed.training.data.start import start_method
 

@@ -55,7 +55,7 @@ class ArrayGroup:
     asset: str
     name: str
     keys: list[str]
-    versions: list[str | None]
+    versions: list[str]
     dtype: np.dtype
     shapes: np.ndarray  # (partitions, ndim)
     units: np.ndarray  # (partitions, ndim) unit shape per partition
@@ -145,5 +145,5 @@ def _group(asset: str, name: str, partitions: list[dict[str, Any]], first: int) 
     units = np.array(units, dtype=np.int64).reshape(shapes.shape)
     counts = np.prod(-(-shapes // units), axis=1)
     offsets = first + np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    keys, versions = [p["key"] for p in partitions], [p.get("version") for p in partitions]
+    keys, versions = [p["key"] for p in partitions], [p["version"] for p in partitions]
     return ArrayGroup(asset, name, keys, versions, dtype, shapes, units, offsets)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zarrfeed.transforms.augment.ops import (
+    OPERATIONS,
     Affine,
     Blur,
     Elastic,
@@ -20,6 +21,7 @@ from zarrfeed.transforms.augment.ops import (
     Gamma,
     Intensity,
     Noise,
+    Operations,
     Role,
     Rot90,
 )
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from zarrfeed.transforms.augment.pipeline import Pipeline as Pipeline
 
 __all__ = [
+    "OPERATIONS",
     "Affine",
     "Blur",
     "Elastic",
@@ -35,6 +38,7 @@ __all__ = [
     "Gamma",
     "Intensity",
     "Noise",
+    "Operations",
     "Pipeline",
     "Role",
     "Rot90",

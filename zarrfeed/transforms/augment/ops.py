@@ -7,7 +7,7 @@ per-sample parameters.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 Role = Literal["image", "target", "mask"]
@@ -149,3 +149,20 @@ class Blur:
     @property
     def radius(self) -> int:
         return max(1, math.ceil(3 * self.sigma[1]))
+
+
+@dataclass(frozen=True)
+class Operations:
+    """Every operation of one augmentation, each None when off: the one list of them."""
+
+    flip: Flip | None = None
+    rot90: Rot90 | None = None
+    affine: Affine | None = None
+    elastic: Elastic | None = None
+    intensity: Intensity | None = None
+    gamma: Gamma | None = None
+    noise: Noise | None = None
+    blur: Blur | None = None
+
+
+OPERATIONS = tuple(f.name for f in fields(Operations))  # the operations' names

@@ -17,17 +17,7 @@ from typing import Any, Literal
 import torch
 
 from zarrfeed.transforms.augment import intensity, params, scratch, spatial
-from zarrfeed.transforms.augment.ops import (
-    Affine,
-    Blur,
-    Elastic,
-    Flip,
-    Gamma,
-    Intensity,
-    Noise,
-    Role,
-    Rot90,
-)
+from zarrfeed.transforms.augment.ops import Operations, Role
 from zarrfeed.transforms.augment.params import (
     AFFINE,
     BLUR,
@@ -46,8 +36,9 @@ PADDINGS = ("zeros", "border", "reflection")
 
 
 @dataclass(frozen=True)
-class Pipeline:
-    """Which batch keys play which role, and the operations (None: off).
+class Pipeline(Operations):
+    """Which batch keys play which role, and the operations (:class:`.ops.Operations`,
+    None: off).
 
     Roles: ``image`` (resampled linearly, then the intensity operations), ``target``
     (resampled linearly only: a regression target such as a sharp frame, or an input no
@@ -60,14 +51,6 @@ class Pipeline:
     """
 
     keys: Mapping[str, Role] = field(default_factory=lambda: {"image": "image"})
-    flip: Flip | None = None
-    rot90: Rot90 | None = None
-    affine: Affine | None = None
-    elastic: Elastic | None = None
-    intensity: Intensity | None = None
-    gamma: Gamma | None = None
-    noise: Noise | None = None
-    blur: Blur | None = None
     padding: Literal["zeros", "border", "reflection"] = "border"
     spatial_dims: Literal[2, 3] | None = None
 
