@@ -254,3 +254,36 @@ def test_the_other_dense_tasks_train_with_their_own_recipe(built, tmp_path, task
             assert b["mask"].dtype == a["mask"].dtype
             assert set(b["mask"].unique().tolist()) <= set(a["mask"].unique().tolist()) | {0}
     assert moved > 0
+
+
+# each family's recipe with every operation it takes firing often
+FAMILY_AUGMENT = {
+    "images": {"recipe": "image", "affine": {"p": 0.6}, "elastic": {"p": 0.3, "magnitude": 2.0}},
+    # (the crops here are 48 x 64: quarter turns need a square plane, and refuse others)
+    "spike": {"recipe": "spike", "flip": {"p": 0.6}, "rot90": None},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_AUGMENT))
+def test_every_family_is_augmented_on_the_device_as_on_the_host(built, family):
+    """Image patches with their defects and masks, spike clips with their frames and voxels:
+    the device tier's batches, augmented after the gather, equal the host path's, each
+    sample augmented as it is read, into a second epoch; a resumed feed repeats them."""
+    from test_device_families import BATCH as FAMILY_BATCH
+    from test_device_families import dataset
+    from test_device_families import feed_of as family_feed
+
+    ds = dataset(built, family)
+    ds.augment = Augment(FAMILY_AUGMENT[family])
+    per_epoch = len(ds) // FAMILY_BATCH
+    n = per_epoch + 3
+    host, device = take(family_feed(ds, False), n), take(family_feed(ds, True), n)
+    close(host, device)
+    plain = dataset(built, family)
+    bare = take(family_feed(plain, True), n)
+    assert any(not torch.equal(a[k], b[k]) for (_, a), (_, b) in zip(bare, device, strict=True)
+               for k in a)  # fmt: skip  # it did augment
+    if family == "images":  # the mask moved with its image: still a 0/1 mask
+        assert all(set(b["mask"].unique().tolist()) <= {0, 1} for _, b in device)
+    resumed = take(family_feed(ds, True), 3, (0, per_epoch - 1))
+    close(resumed, device[per_epoch - 1 : per_epoch + 2])
