@@ -1,9 +1,6 @@
 """The CT family: its declaration (:mod:`.family`), discovery (:mod:`.discover`), CT-RATE's
-tables (:mod:`.tables`), training Datasets (:mod:`.datasets`: ``from
-zarrfeed.families.ct.datasets import CTPatchDataset``) and training tasks (:mod:`.tasks`).
-
-Importing the package loads the declaration only; the Datasets (and torch) load with
-:mod:`.datasets`."""
+tables (:mod:`.tables`), training Datasets (:mod:`.datasets`, which imports torch) and
+training tasks (:mod:`.tasks`)."""
 
 from zarrfeed.families.ct.family import (
     CT,
