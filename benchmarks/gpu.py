@@ -54,8 +54,9 @@ import torch
 from _bench import bench
 from train import QUICK_SPACING, SPACING, build_store, steady
 
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.families.ct.tasks import ClassifierData, CTClassification
-from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
+from zarrfeed.training import TrainConfig, Trainer
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.device import DevicePatches, pool_layout
 from zarrfeed.training.data.reader import MIN_SLOTS

@@ -31,9 +31,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from zarrfeed.datasets import Retention, consolidate, snapshots, write_dataset
 from zarrfeed.errors import ConfigError
+from zarrfeed.families.ct.datasets import CTPatchDataset
+from zarrfeed.families.spike.datasets import SpikeClipDataset
 from zarrfeed.processes import usable_cpus
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.training import CTPatchDataset, SharedArrayCache, SpikeClipDataset, make_loader
+from zarrfeed.training import SharedArrayCache, make_loader
 from zarrfeed.training.data import GB
 from zarrfeed.training.data.feed import make_feed
 from zarrfeed.training.data.plan import Budgets

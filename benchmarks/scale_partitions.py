@@ -20,6 +20,7 @@ from zarrfeed.assets import family_assets
 from zarrfeed.components import family_defs
 from zarrfeed.datasets import Retention, collect, write_dataset
 from zarrfeed.families.ct import CT, CTSettings
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.formats import write_nifti
 from zarrfeed.jobs.queue import IN_FLIGHT, PER_TICK, BuildQueue
 from zarrfeed.resources import (
@@ -32,7 +33,6 @@ from zarrfeed.samples import METADATA_COLUMNS, ct_rate_path
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.sources.raw import source_identity
 from zarrfeed.store import ZarrStore
-from zarrfeed.training import CTPatchDataset
 
 VERSION = "v20261122T000000000Z-00000000"  # of every synthetic partition
 REAL = 32  # raw files that are tiny real NIfTI volumes (the overhead runs read them)

@@ -27,10 +27,11 @@ from scale_partitions import resources_for
 from zarrfeed.assets import family_assets
 from zarrfeed.datasets import consolidate, write_dataset
 from zarrfeed.families.ct import CT, CTSettings
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.samples import make_sample_data
 from zarrfeed.store import ZarrStore
-from zarrfeed.training import CTPatchDataset, make_loader
+from zarrfeed.training import make_loader
 from zarrfeed.training.data.shm import clear_caches
 
 

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset, default_collate
 from zarrfeed.assets import family_assets
 from zarrfeed.assets.datasets import dataset_asset
 from zarrfeed.families.ct import CT
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.families.ct.tables import read_ct_rate_metadata
 from zarrfeed.families.ct.tasks import CTClassification
 from zarrfeed.jobs.discovery import discover_into
@@ -38,7 +39,7 @@ from zarrfeed.resources import (
     ZarrStoreResource,
 )
 from zarrfeed.samples import make_ct_rate
-from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer
+from zarrfeed.training import TrainConfig, Trainer
 from zarrfeed.transforms import ct
 from zarrfeed.transforms.hu import csv_rescale
 

@@ -17,7 +17,7 @@ from test_training_feed import BATCH, UNIT, device_tier, feed_of, take
 
 from zarrfeed.assets.training import dagster_config, model_asset
 from zarrfeed.errors import ConfigError
-from zarrfeed.training import CTPatchDataset
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.training.augment import Augment
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DeviceSlots, augment_scratch, pool_layout

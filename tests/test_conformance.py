@@ -130,6 +130,75 @@ def test_code_versions_come_from_declarations():
     assert not found, "literal code versions:\n" + "\n".join(found)
 
 
+def family_packages() -> list[str]:
+    """The family packages: every package directly under ``zarrfeed/families``."""
+    return sorted(p.parent.name for p in (PACKAGE / "families").glob("*/__init__.py"))
+
+
+def family_references(tree: ast.Module, module: str, packages: list[str]) -> list[tuple[int, str]]:
+    """(line, name) of each import in ``tree`` (module ``module``) of a family package or of
+    a module in one — at module level, deferred or for type checking alike — and of each
+    string constant (docstrings aside) naming one, as ``"module:Class"`` readers do.  The
+    generic ``zarrfeed.families`` modules (the registry, the Family type) are not families."""
+    prefixes = [f"zarrfeed.families.{p}" for p in packages]
+    is_package = Path(module.replace(".", "/")).name == "__init__"
+    here = module.removesuffix(".__init__") if is_package else module.rpartition(".")[0]
+    skip = docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = here.rsplit(".", node.level - 1)[0] if node.level else ""
+            base = ".".join(part for part in (base, node.module or "") if part)
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        elif (
+            isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+        ):
+            names = [node.value.partition(":")[0]]
+        else:
+            continue
+        hits = [n for n in names if any(n == p or n.startswith(f"{p}.") for p in prefixes)]
+        found += [(node.lineno, n) for n in hits[:1]]
+    return sorted(found)
+
+
+def test_training_names_no_family():
+    """``zarrfeed.training`` is generic: each family's datasets and tasks live in its own
+    package (``zarrfeed.families.<family>``), which imports training, never the other way."""
+    packages = family_packages()
+    assert {"ct", "images", "spike"} <= set(packages)  # the scan sees the families
+    found = []
+    for path, tree in sources():
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[:2] != ("zarrfeed", "training"):
+            continue
+        for line, name in family_references(tree, ".".join(parts), packages):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
+    assert not found, "training modules naming a family:\n" + "\n".join(found)
+
+
+def test_a_family_reference_in_training_is_found():
+    code = (
+        '"""Docstring naming zarrfeed.families.ct is prose."""\n'
+        "from zarrfeed.families.ct.datasets import CTPatchDataset\n"
+        "from zarrfeed.families import Family, images\n"
+        "from ...families.spike import SPIKE\n"
+        "import zarrfeed.families.registry\n"
+        "def load():\n"
+        "    import zarrfeed.families.ct\n"
+        "READER = 'zarrfeed.families.images.datasets:ImagePatchDataset'\n"
+    )
+    got = family_references(ast.parse(code), "zarrfeed.training.data.x", ["ct", "images", "spike"])
+    assert got == [
+        (2, "zarrfeed.families.ct.datasets"),
+        (3, "zarrfeed.families.images"),
+        (4, "zarrfeed.families.spike"),
+        (7, "zarrfeed.families.ct"),
+        (8, "zarrfeed.families.images.datasets"),
+    ]
+
+
 @pytest.mark.parametrize("kind", ["dict", "set"])
 def test_no_registry_is_keyed_by_family_names(kind):
     """A new family must not need an entry in someone else's table."""

@@ -16,17 +16,11 @@ from torch.utils.data import DataLoader, default_collate
 
 from zarrfeed.datasets import collect, consolidate, write_dataset
 from zarrfeed.errors import StoreError
+from zarrfeed.families.ct.datasets import CTPatchDataset, SparsePointsDataset, collate_points
+from zarrfeed.families.images.datasets import ImagePatchDataset
+from zarrfeed.families.spike.datasets import SpikeClipDataset
 from zarrfeed.store import ZarrStore, provenance
-from zarrfeed.training import (
-    CTPatchDataset,
-    ForegroundPatches,
-    ImagePatchDataset,
-    SparsePointsDataset,
-    SpikeClipDataset,
-    collate_batch,
-    collate_points,
-    make_loader,
-)
+from zarrfeed.training import ForegroundPatches, collate_batch, make_loader
 from zarrfeed.training.data.protocols import WorkerSettings
 from zarrfeed.training.data.workers import init_worker
 from zarrfeed.transforms.sparse import occupancy_coords

@@ -11,15 +11,11 @@ import torch
 from test_training_feed import take
 from torch.utils.data import Dataset, default_collate
 
-from zarrfeed.training import CTPatchDataset
-from zarrfeed.training.data import (
-    ImagePatchDataset,
-    SparsePointsDataset,
-    SpikeClipDataset,
-)
+from zarrfeed.families.ct.datasets import CTPatchDataset, SparsePointsDataset
+from zarrfeed.families.images.datasets import ImagePatchDataset, render_batch
+from zarrfeed.families.spike.datasets import SpikeClipDataset
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, pool_layout
 from zarrfeed.training.data.feed import Feed, make_feed
-from zarrfeed.training.data.images import render_batch
 from zarrfeed.training.data.plan import Budgets, World, data_facts, machine_facts, plan_loading
 from zarrfeed.training.data.protocols import Boxes, DeviceCuts
 from zarrfeed.training.trainer import train

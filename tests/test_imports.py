@@ -166,15 +166,20 @@ def test_the_cli_and_the_code_location_start_without_torch():
     """``zarrfeed status``, ``inspect``, ``--help``, a code location's load (every run and
     step process does one) and a validated training config import no torch (~1.1–1.7 s on
     two cores): the CT transforms, the statistics and the training tasks load it when they
-    first compute; the public training names still import from ``zarrfeed.training``."""
+    first compute, and a family package loads its datasets only when they are imported; the
+    public training names still import from ``zarrfeed.training``, each family's datasets
+    from its package, not from ``zarrfeed.training``."""
     code = (
         "import sys, zarrfeed.cli, zarrfeed.definitions, zarrfeed.training.config\n"
+        "import zarrfeed.families.ct, zarrfeed.families.images, zarrfeed.families.spike\n"
         "zarrfeed.definitions.defs().get_repository_def()  # what a run process loads\n"
         "zarrfeed.training.config.TrainConfig.model_validate({'task': 'ct_classifier'})\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
-        "from zarrfeed.training import CTPatchDataset, TrainConfig, Trainer, make_loader\n"
+        "from zarrfeed.training import TrainConfig, Trainer, make_loader\n"
+        "from zarrfeed.families.ct.datasets import CTPatchDataset\n"
         "import zarrfeed.training as t\n"
-        "assert {'CTPatchDataset', 'Trainer', 'train'} <= set(t.__all__)\n"
+        "assert {'Trainer', 'train', 'make_loader'} <= set(t.__all__)\n"
+        "assert not {'CTPatchDataset', 'ImagePatchDataset', 'SpikeClipDataset'} & set(t.__all__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -10,8 +10,8 @@ import pytest
 from dagster._core.definitions.metadata import MetadataValue
 
 from zarrfeed.commands.demo import Row, _score, print_summary
+from zarrfeed.families.ct.datasets import CTPatchDataset, held_out
 from zarrfeed.families.ct.tasks import CTClassification
-from zarrfeed.training.data.ct import CTPatchDataset, held_out
 from zarrfeed.training.data.protocols import HoldsOut
 from zarrfeed.training.pipes import learned_check
 from zarrfeed.training.result import TrainResult

@@ -331,8 +331,9 @@ def test_the_ct_graph_builds_into_a_bucket_and_trains_from_it(s3_env, weed):
 
     from zarrfeed.assets.datasets import dataset_asset
     from zarrfeed.families.ct import CT
+    from zarrfeed.families.ct.datasets import CTPatchDataset
     from zarrfeed.resources import BuildOptions
-    from zarrfeed.training import CTPatchDataset, make_loader
+    from zarrfeed.training import make_loader
 
     _, resources, instance = s3_env
     store = resources["zarr_store"].store()

@@ -27,9 +27,9 @@ from zarrfeed.datasets import (
     snapshots,
 )
 from zarrfeed.errors import StoreError
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.layout import meta
-from zarrfeed.training import CTPatchDataset
 from zarrfeed.transforms.sparse import occupancy_coords
 
 ASSETS = ["ct/windows", "ct/sparse", "ct/patches"]
@@ -165,7 +165,7 @@ def test_a_build_with_the_same_data_and_another_report_keeps_the_id_and_tells_th
 
 READER = """
 import sys, time
-from zarrfeed.training import CTPatchDataset
+from zarrfeed.families.ct.datasets import CTPatchDataset
 ds = CTPatchDataset(sys.argv[1], cache_gb=0.05)
 ds[0]
 print(ds.dataset_version, flush=True)

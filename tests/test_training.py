@@ -15,7 +15,7 @@ import torch
 
 from zarrfeed.cli import main
 from zarrfeed.errors import ConfigError
-from zarrfeed.training import CTPatchDataset
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.training.checkpoints import RunFolderHeld
 from zarrfeed.training.config import TrainConfig
 from zarrfeed.training.data.device import DevicePatches

@@ -19,8 +19,9 @@ import torch
 
 from zarrfeed.datasets import Retention, collect, consolidate, write_dataset
 from zarrfeed.errors import ConfigError, StoreError
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.store import ZarrStore, commits, provenance
-from zarrfeed.training import BlockSampler, CTPatchDataset, make_loader, make_sampler
+from zarrfeed.training import BlockSampler, make_loader, make_sampler
 from zarrfeed.training.data import arena as arena_module
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.ring import settle

@@ -15,19 +15,12 @@ from procs import descendants, running
 from torch.utils.data import DataLoader
 
 from zarrfeed.errors import StoreError
+from zarrfeed.families.ct.datasets import CTPatchDataset, SparsePointsDataset, collate_points
 from zarrfeed.families.ct.tables import read_ct_rate_labels
+from zarrfeed.families.images.datasets import ImagePatchDataset
+from zarrfeed.families.spike.datasets import SpikeClipDataset
 from zarrfeed.store import ZarrStore
-from zarrfeed.training import (
-    CTPatchDataset,
-    Fill,
-    ImagePatchDataset,
-    SharedArrayCache,
-    SparsePointsDataset,
-    SpikeClipDataset,
-    collate_points,
-    make_loader,
-    plan_loader,
-)
+from zarrfeed.training import Fill, SharedArrayCache, make_loader, plan_loader
 
 CT_KEYS = ["train_1_a_1", "train_1_a_2", "train_2_a_1", "valid_1_a_1"]
 
@@ -294,7 +287,8 @@ def test_patch_is_read_directly_while_another_process_fills_its_volume(built):
 OWNER = """
 import sys, time
 from zarrfeed.store import ZarrStore
-from zarrfeed.training import CTPatchDataset, make_loader
+from zarrfeed.training import make_loader
+from zarrfeed.families.ct.datasets import CTPatchDataset
 ds = CTPatchDataset(ZarrStore(sys.argv[1]), window="lung", cache_gb=0.25)
 loader, _ = make_loader(ds, 2, workers=2, log=None)
 next(iter(loader))

@@ -12,7 +12,7 @@ import torch
 from test_training_cache import PATCH, build_ct, expected
 from torch.utils.data import Dataset
 
-from zarrfeed.training import CTPatchDataset
+from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.training.data import ring as ring_module
 from zarrfeed.training.data.device import GATHER_BYTES_PER_VOXEL, DeviceSlots, pool_layout
 from zarrfeed.training.data.epochs import EpochChain, EpochIndexed, LoaderKeys

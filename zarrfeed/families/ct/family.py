@@ -530,9 +530,9 @@ CT = Family(
     dataset_version="2",
     hub=HUB,
     readers=(
-        Reader("ct-patches", "zarrfeed.training.data.ct:CTPatchDataset"),
-        Reader("ct-volumes", "zarrfeed.training.data.ct:CTPatchDataset", {"patch": False}),
-        Reader("sparse", "zarrfeed.training.data.ct:SparsePointsDataset"),
+        Reader("ct-patches", "zarrfeed.families.ct.datasets:CTPatchDataset"),
+        Reader("ct-volumes", "zarrfeed.families.ct.datasets:CTPatchDataset", {"patch": False}),
+        Reader("sparse", "zarrfeed.families.ct.datasets:SparsePointsDataset"),
     ),
     tasks=(
         "zarrfeed.families.ct.tasks:CTClassification",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
-    from zarrfeed.training.data import CTPatchDataset, SparsePointsDataset
+    from zarrfeed.families.ct.datasets import CTPatchDataset, SparsePointsDataset
 
 
 class WindowData(DataSection):
@@ -76,7 +76,7 @@ class CTClassification(Task):
     classes = "finding"
 
     def dataset(self, split: str | None = None) -> CTPatchDataset:
-        from zarrfeed.training.data import CTPatchDataset
+        from zarrfeed.families.ct.datasets import CTPatchDataset
 
         d = self.config.data
         ds = CTPatchDataset(
@@ -144,7 +144,7 @@ class SparseAutoencoder(Task):
     Data = SparseData
 
     def dataset(self, split: str | None = None) -> SparsePointsDataset:
-        from zarrfeed.training.data import SparsePointsDataset
+        from zarrfeed.families.ct.datasets import SparsePointsDataset
 
         d = self.config.data
         ds = SparsePointsDataset(
@@ -165,7 +165,7 @@ class SparseAutoencoder(Task):
         return ds
 
     def collate(self, dataset: Dataset) -> Callable[[list[Any]], Any]:
-        from zarrfeed.training.data import collate_points
+        from zarrfeed.families.ct.datasets import collate_points
 
         return collate_points
 

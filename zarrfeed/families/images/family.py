@@ -245,7 +245,7 @@ IMAGES = Family(
     stages=(Stage(IMAGE_STORE, store_step), Stage(IMAGE_PATCHES, patches_step)),
     tables=(PATCH_TABLE,),
     dataset_version="2",
-    readers=(Reader("images", "zarrfeed.training.data.images:ImagePatchDataset"),),
+    readers=(Reader("images", "zarrfeed.families.images.datasets:ImagePatchDataset"),),
     tasks=("zarrfeed.families.images.tasks:DefectSegmentation",),
     augment={RECIPE: AUGMENT},
 )

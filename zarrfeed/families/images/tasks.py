@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
-    from zarrfeed.training.data import ImagePatchDataset
+    from zarrfeed.families.images.datasets import ImagePatchDataset
 
 # A defect pixel's BCE weight (defects are ~0.05 % of a patch's pixels); a pixel counts as a
 # defect where the weighted model's logit exceeds log(weight), i.e. where the unweighted
@@ -45,7 +45,7 @@ class DefectSegmentation(Task):
     defaults = {"train": {"steps": 100, "batch_size": 8, "lr": 0.003}}  # noqa: RUF012
 
     def dataset(self, split: str | None = None) -> ImagePatchDataset:
-        from zarrfeed.training.data import ImagePatchDataset
+        from zarrfeed.families.images.datasets import ImagePatchDataset
 
         d = self.config.data
         return ImagePatchDataset(

@@ -1,5 +1,5 @@
-"""The spike-camera family: its declaration (:mod:`.family`), discovery (:mod:`.discover`)
-and training task (:mod:`.tasks`)."""
+"""The spike-camera family: its declaration (:mod:`.family`), discovery (:mod:`.discover`),
+training Dataset (:mod:`.datasets`, which imports torch) and training task (:mod:`.tasks`)."""
 
 from zarrfeed.families.spike.family import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS, SpikeSettings
 

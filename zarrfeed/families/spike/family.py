@@ -230,7 +230,7 @@ SPIKE = Family(
     settings=SpikeSettings,
     stages=(Stage(SPIKE_VOXELS, voxels_step), Stage(SPIKE_FRAMES, frames_step)),
     dataset_version="2",
-    readers=(Reader("spike", "zarrfeed.training.data.spike:SpikeClipDataset"),),
+    readers=(Reader("spike", "zarrfeed.families.spike.datasets:SpikeClipDataset"),),
     tasks=("zarrfeed.families.spike.tasks:SpikeDeblurring",),
     augment={RECIPE: AUGMENT},
 )

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
-    from zarrfeed.training.data import SpikeClipDataset
+    from zarrfeed.families.spike.datasets import SpikeClipDataset
 
 
 class DeblurData(DataSection):
@@ -38,7 +38,7 @@ class SpikeDeblurring(Task):
     Data = DeblurData
 
     def dataset(self, split: str | None = None) -> SpikeClipDataset:
-        from zarrfeed.training.data import SpikeClipDataset
+        from zarrfeed.families.spike.datasets import SpikeClipDataset
 
         d = self.config.data
         ds = SpikeClipDataset(

@@ -1,10 +1,9 @@
-"""Feeding training: Datasets over the committed stores, the shared decoded-data cache (whole
-arrays in RAM, or chunks in a fixed arena out of core), samplers and self-sizing loaders."""
+"""Feeding training: the Dataset base over the committed stores, the shared decoded-data cache
+(whole arrays in RAM, or chunks in a fixed arena out of core), samplers and self-sizing
+loaders.  Each family's Datasets live in its package (``zarrfeed.families.<family>.datasets``)."""
 
 from zarrfeed.training.data.arrays import Fill, SharedArrayCache
 from zarrfeed.training.data.base import GB, StoreDataset, collate_batch
-from zarrfeed.training.data.ct import CTPatchDataset, SparsePointsDataset, collate_points
-from zarrfeed.training.data.images import ImagePatchDataset
 from zarrfeed.training.data.loader import make_loader
 from zarrfeed.training.data.patches import (
     ForegroundPatches,
@@ -15,30 +14,24 @@ from zarrfeed.training.data.patches import (
 from zarrfeed.training.data.plan import LoaderPlan, LoadingPlan, plan_loader, plan_loading
 from zarrfeed.training.data.reader import CachedArrays
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
-from zarrfeed.training.data.spike import SpikeClipDataset
 from zarrfeed.training.data.tuning import autotune, measure, recommend
 
 __all__ = [
     "GB",
     "BlockSampler",
-    "CTPatchDataset",
     "CachedArrays",
     "Fill",
     "ForegroundPatches",
-    "ImagePatchDataset",
     "LoaderPlan",
     "LoadingPlan",
     "PatchSampler",
     "ResumableSampler",
     "SharedArrayCache",
-    "SparsePointsDataset",
-    "SpikeClipDataset",
     "StoreDataset",
     "StoredPatches",
     "UniformPatches",
     "autotune",
     "collate_batch",
-    "collate_points",
     "make_loader",
     "make_sampler",
     "measure",

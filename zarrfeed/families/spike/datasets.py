@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.families.spike import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS
+from zarrfeed.families.spike.family import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS
 from zarrfeed.formats import read_dat
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
-from zarrfeed.families.ct import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, PATCH_TABLE
+from zarrfeed.families.ct.family import CT, CT_PATCHES, CT_SPARSE, CT_WINDOWS, LABELS, PATCH_TABLE
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
@@ -60,9 +60,10 @@ class CTPatchDataset(StoreDataset):
     ``patch=False`` yields whole volumes; otherwise each sample is one entry of the patch
     index built by ``ct_patches``: its volume, and by default its origin (mostly-body
     patches).  ``patch_sampler`` places the patch otherwise: "uniform" anywhere in the
-    volume, "foreground" on the stored occupancy (see :mod:`.patches`), or a
-    :class:`~zarrfeed.training.data.patches.PatchSampler`.  CT-RATE labels come along as
-    float32 0/1 (NaN where a scan has no label row).
+    volume, "foreground" on the stored occupancy, or a
+    :class:`~zarrfeed.training.data.patches.PatchSampler` (see
+    :mod:`zarrfeed.training.data.patches`).  CT-RATE labels come along as float32 0/1 (NaN
+    where a scan has no label row).
 
     ``split`` keeps the samples of the scans trained on ("train") or of those held out for
     evaluation ("eval", see :func:`held_out`); None keeps every scan.  The index still

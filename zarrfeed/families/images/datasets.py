@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.families.images import IMAGE_PATCHES, IMAGE_STORE, IMAGES, PATCH_TABLE
+from zarrfeed.families.images.family import IMAGE_PATCHES, IMAGE_STORE, IMAGES, PATCH_TABLE
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import StoreDataset
