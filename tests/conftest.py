@@ -52,6 +52,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The files that took longest (setup, call and teardown of their tests summed) and the
+    worker that ran each: what LONGEST_FIRST should list, and each worker's share."""
+    per_file: dict[str, float] = {}
+    per_worker: dict[str, float] = {}
+    worker_of: dict[str, str] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if not isinstance(rep, pytest.TestReport):
+                continue
+            path = rep.nodeid.split("::")[0]
+            worker = getattr(getattr(rep, "node", None), "gateway", None)
+            worker_id = worker.id if worker is not None else "-"
+            per_file[path] = per_file.get(path, 0.0) + rep.duration
+            per_worker[worker_id] = per_worker.get(worker_id, 0.0) + rep.duration
+            worker_of[path] = worker_id
+    if not per_file:
+        return
+    terminalreporter.write_sep("=", "slowest 15 files")
+    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {worker_of[path]:>5} {path}")
+    shares = ", ".join(f"{w} {s:.0f}s" for w, s in sorted(per_worker.items()))
+    terminalreporter.write_line(f"per worker: {shares}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cache_root():
     """Shared caches made by the tests live in one folder removed at the end (tmpfs is RAM)."""
