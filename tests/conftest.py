@@ -43,8 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
 # Files that take minutes, longest first.  pytest-xdist hands whole files to its workers in
 # collection order (``--no-loadscope-reorder``; its default orders files by test count), so
 # these start at once, beside the many short files, instead of ending the run on one worker.
+# The files after test_training.py each hold a test of 40-100 s (a full run's --durations);
+# in name order the later ones started last.  The run's "slowest 15 files" checks the order.
 LONGEST_FIRST = ("test_demo.py", "test_benchmarks.py", "test_run_monitoring.py",
-                 "test_deploy_celery.py", "test_s3.py", "test_training.py")  # fmt: skip
+                 "test_deploy_celery.py", "test_s3.py", "test_training.py",
+                 "test_production_ui.py", "test_assets_training.py", "test_snapshots.py",
+                 "test_scale.py", "test_backfill.py", "test_hub.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
