@@ -124,9 +124,9 @@ class StoreDataset(Dataset):
         if dataset_version is None and snapshots(self.store).pointer(self.dataset) is None:
             raise StoreError(f"{self.url} has no {self.dataset}_dataset manifest yet: {build}")
         manifest, lease = open_dataset(self.store, self.dataset, dataset_version)
-        self._lease = lease
-        if lease is not None:  # released when the dataset goes, at the latest
-            weakref.finalize(self, lease.release)
+        # Released by close() or when the dataset goes, whichever comes first; only once (a
+        # second release is another remote delete, retried for minutes once a server is gone).
+        self._release = weakref.finalize(self, lease.release) if lease is not None else None
         self.dataset_version: str | None = manifest.get("id")
         self.tables: dict[str, str] = manifest.get("tables") or {}
         self.keys: list[str] = manifest["keys"]
@@ -146,12 +146,12 @@ class StoreDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned worker reads under its parent's lease.
-        return {**self.__dict__, "_store": None, "_ring": None, "_lease": None}
+        return {**self.__dict__, "_store": None, "_ring": None, "_release": None}
 
     def close(self) -> None:
         """Give up the lease on the dataset version (its versions may then be collected)."""
-        if self._lease is not None:
-            self._lease.release()
+        if self._release is not None:
+            self._release()
 
     def read_table(
         self, path: str, name: str, arrays: list[str]
