@@ -43,13 +43,42 @@ def pytest_configure(config: pytest.Config) -> None:
 # Files that take minutes, longest first.  pytest-xdist hands whole files to its workers in
 # collection order (``--no-loadscope-reorder``; its default orders files by test count), so
 # these start at once, beside the many short files, instead of ending the run on one worker.
+# The files after test_training.py each hold a test of 40-100 s (a full run's --durations);
+# in name order the later ones started last.  The run's "slowest 15 files" checks the order.
 LONGEST_FIRST = ("test_demo.py", "test_benchmarks.py", "test_run_monitoring.py",
-                 "test_deploy_celery.py", "test_s3.py", "test_training.py")  # fmt: skip
+                 "test_deploy_celery.py", "test_s3.py", "test_training.py",
+                 "test_production_ui.py", "test_assets_training.py", "test_snapshots.py",
+                 "test_scale.py", "test_backfill.py", "test_hub.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The files that took longest (setup, call and teardown of their tests summed) and the
+    worker that ran each: what LONGEST_FIRST should list, and each worker's share."""
+    per_file: dict[str, float] = {}
+    per_worker: dict[str, float] = {}
+    worker_of: dict[str, str] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if not isinstance(rep, pytest.TestReport):
+                continue
+            path = rep.nodeid.split("::")[0]
+            worker = getattr(getattr(rep, "node", None), "gateway", None)
+            worker_id = worker.id if worker is not None else "-"
+            per_file[path] = per_file.get(path, 0.0) + rep.duration
+            per_worker[worker_id] = per_worker.get(worker_id, 0.0) + rep.duration
+            worker_of[path] = worker_id
+    if not per_file:
+        return
+    terminalreporter.write_sep("=", "slowest 15 files")
+    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {worker_of[path]:>5} {path}")
+    shares = ", ".join(f"{w} {s:.0f}s" for w, s in sorted(per_worker.items()))
+    terminalreporter.write_line(f"per worker: {shares}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from services import default_signals
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -53,6 +55,7 @@ def start_dagster_dev(env: dict[str, str], log_path: Path, timeout: float = 120)
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=default_signals,
         )
         try:
 

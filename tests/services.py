@@ -95,6 +95,16 @@ def remove_orphaned_semaphores(before: set[str]) -> None:
                 os.unlink(path)
 
 
+def default_signals() -> None:
+    """SIGINT and SIGTERM at their defaults in a child about to exec, as a service manager
+    or a shell starts a process.  A pytest-xdist worker runs with SIGINT ignored, an ignored
+    signal stays ignored across exec, and Dagster's CLIs give SIGTERM SIGINT's handler: a code
+    server or ``dg dev`` started from a worker ignored SIGTERM, and each stop waited 30 s for
+    SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class ServiceDown(RuntimeError):
     """A service the deployment needs is not answering."""
 
@@ -235,6 +245,7 @@ class Deployment:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stopped with its children
+                preexec_fn=default_signals,
             )
         self.procs[name] = proc
         return proc

@@ -212,6 +212,27 @@ def test_a_lease_of_another_machine_holds_until_it_is_not_renewed(tmp_path, monk
     ds.close()
 
 
+def test_a_closed_dataset_gives_its_lease_up_once(tmp_path, monkeypatch):
+    """close() spends the release the dataset's finalizer would make: a second one is another
+    remote delete, and once the store's server is gone the client retries it for minutes
+    (seen as a 90 s stall at the end of a session after the S3 test's server stopped)."""
+    import gc
+
+    store = ZarrStore(tmp_path / "s.zarr")
+    build(store, 0)
+    ds = CTPatchDataset(store, cache_gb=0.05)
+    backend = type(ds.store.backend)
+    removed: list[str] = []
+    real = backend.remove
+    monkeypatch.setattr(backend, "remove", lambda self, p: removed.append(p) or real(self, p))
+    ds.close()
+    ds.close()
+    del ds
+    gc.collect()
+    assert len([p for p in removed if "/leases/" in p]) == 1, removed
+    assert store.backend.list_dir(store.backend.join(meta("leases"))) == []
+
+
 def test_a_model_of_a_version_names_it(tmp_path):
     """Training records the version it read: the trainer's data fingerprint is the id."""
     from zarrfeed.training.trainer import data_fingerprint

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from zarrfeed.datasets import Lease, open_dataset, snapshots
+from zarrfeed.datasets import open_dataset, snapshots
 from zarrfeed.errors import StoreError
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
@@ -131,8 +131,10 @@ class StoreDataset(Dataset):
         if dataset_version is None and snapshots(self.store).pointer(self.dataset) is None:
             raise StoreError(f"{self.url} has no {self.dataset}_dataset manifest yet: {build}")
         manifest, lease = open_dataset(self.store, self.dataset, dataset_version)
-        self._lease: Lease | None = lease  # None in a spawned worker (see __getstate__)
-        weakref.finalize(self, lease.release)  # released when the dataset goes, at the latest
+        # Released by close() or when the dataset goes, whichever comes first; only once (a
+        # second release is another remote delete, retried for minutes once a server is gone).
+        # None in a spawned worker (see __getstate__): it reads under its parent's lease.
+        self._release: weakref.finalize | None = weakref.finalize(self, lease.release)
         self.dataset_version: str = manifest["id"]
         self.tables: dict[str, str] = manifest.get("tables") or {}
         self.keys: list[str] = manifest["keys"]
@@ -152,12 +154,12 @@ class StoreDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned worker reads under its parent's lease.
-        return {**self.__dict__, "_store": None, "_ring": None, "_lease": None}
+        return {**self.__dict__, "_store": None, "_ring": None, "_release": None}
 
     def close(self) -> None:
         """Give up the lease on the dataset version (its versions may then be collected)."""
-        if self._lease is not None:
-            self._lease.release()
+        if self._release is not None:
+            self._release()
 
     def read_table(
         self, path: str, name: str, arrays: list[str]
