@@ -3,6 +3,8 @@ flight and stops the demo; the webserver's instance is the demo's, queue aside."
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -49,6 +51,15 @@ def test_a_ctrl_c_terminates_the_run_in_flight_and_stops_the_demo():
             assert run.tags["dagster/partition"] == "k"
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_webserver_that_dies_while_a_run_is_in_progress_is_an_error():
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    gone.wait()
+    with dg.instance_for_test() as instance:
+        launcher = Launcher(Client(instance), instance, gone)
+        with pytest.raises(RuntimeError, match="exited with status 3 while run"):
+            launcher.run("ct_build")
 
 
 def test_a_run_the_webserver_put_elsewhere_is_an_error():

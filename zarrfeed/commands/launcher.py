@@ -39,11 +39,15 @@ POLL_S = 0.2
 
 
 class Launcher:
-    """Submits runs to the webserver and waits for them in ``instance`` (the same storage)."""
+    """Submits runs to the webserver and waits for them in ``instance`` (the same storage);
+    ``server``, the webserver's process, is watched while a run is waited for."""
 
-    def __init__(self, client: Any, instance: dg.DagsterInstance) -> None:
+    def __init__(
+        self, client: Any, instance: dg.DagsterInstance, server: subprocess.Popen | None = None
+    ) -> None:
         self.client = client  # a dagster_graphql.DagsterGraphQLClient
         self.instance = instance
+        self.server = server
 
     def run(self, job: str, **options: Any) -> tuple[dg.DagsterRun, list[dg.DagsterEvent]]:
         """Run ``job`` (``submit_job_execution``'s options: ``tags``, ``run_config``,
@@ -89,6 +93,12 @@ class Launcher:
                 return run
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {run_id} did not stop within {timeout:.0f} s")
+            if self.server is not None and self.server.poll() is not None:
+                raise RuntimeError(
+                    f"dagster-webserver for {WORKSPACE} exited with status "
+                    f"{self.server.returncode} while run {run_id} was in progress; its output "
+                    "is in the log"
+                )
             time.sleep(POLL_S)
 
 
@@ -160,7 +170,7 @@ def code_location(home: Path, instance: dg.DagsterInstance) -> Iterator[Launcher
         wait_until_serving(proc, port)
         from dagster_graphql import DagsterGraphQLClient
 
-        yield Launcher(DagsterGraphQLClient("127.0.0.1", port_number=port), instance)
+        yield Launcher(DagsterGraphQLClient("127.0.0.1", port_number=port), instance, proc)
     finally:
         stop(proc)
 
