@@ -20,16 +20,26 @@ class Client:
     submitted run starts and never ends by itself (``ctrl_c``: a Ctrl-C comes while it
     runs); terminating it cancels it."""
 
-    def __init__(self, instance: dg.DagsterInstance, ctrl_c: bool = False) -> None:
+    def __init__(
+        self, instance: dg.DagsterInstance, ctrl_c: bool = False, succeed: bool = False
+    ) -> None:
         self.instance = instance
-        self.ctrl_c = ctrl_c
+        self.ctrl_c, self.succeed = ctrl_c, succeed  # succeed: a run ends as it is submitted
         self.terminated: list[str] = []
 
     def submit_job_execution(self, job: str, **options: object) -> str:
         run = dg.DagsterRun(job_name=job, run_id=str(uuid.uuid4()), tags=options.get("tags"))
         self.instance.add_run(run)
         self.instance.report_run_canceling(run)  # in progress, as a started run
-        if self.ctrl_c:
+        if self.succeed:
+            self.instance.handle_run_event(
+                run.run_id,
+                dg.DagsterEvent(
+                    event_type_value=dg.DagsterEventType.RUN_SUCCESS.value, job_name=job
+                ),
+            )
+        if self.ctrl_c:  # one, once the first run is in flight
+            self.ctrl_c = False
             threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
         return run.run_id
 
@@ -38,7 +48,7 @@ class Client:
         self.instance.report_run_canceled(self.instance.get_run_by_id(run_id))
 
 
-def test_a_ctrl_c_terminates_the_run_in_flight_and_stops_the_demo():
+def test_a_ctrl_c_terminates_the_runs_in_flight_and_stops_the_demo():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
         with dg.instance_for_test() as instance:
@@ -49,8 +59,24 @@ def test_a_ctrl_c_terminates_the_run_in_flight_and_stops_the_demo():
             run = instance.get_run_by_id(run_id)
             assert run.status == dg.DagsterRunStatus.CANCELED
             assert run.tags["dagster/partition"] == "k"
+
+            client = Client(instance, ctrl_c=True)
+            requests = [("ct_build", {"tags": {"dagster/partition": k}}) for k in "abc"]
+            with pytest.raises(KeyboardInterrupt):
+                list(Launcher(client, instance).runs(requests, at_once=2))
+            stopped = [instance.get_run_by_id(r) for r in client.terminated]
+            assert [r.tags["dagster/partition"] for r in stopped] == ["a", "b"]  # c: never
+            assert all(r.status == dg.DagsterRunStatus.CANCELED for r in stopped)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_runs_in_flight_together_end_in_the_order_requested():
+    with dg.instance_for_test() as instance:
+        requests = [("ct_build", {"tags": {"dagster/partition": k}}) for k in "abc"]
+        done = list(Launcher(Client(instance, succeed=True), instance).runs(requests, 2))
+        assert [f.run.tags["dagster/partition"] for f in done] == ["a", "b", "c"]
+        assert all(f.run.is_success and f.seconds >= 0 for f in done)
 
 
 def test_a_webserver_that_dies_while_a_run_is_in_progress_is_an_error():

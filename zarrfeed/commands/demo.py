@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from zarrfeed import defaults
 from zarrfeed.commands.instance import hold_home
-from zarrfeed.commands.launcher import REPO, Launcher, code_location
+from zarrfeed.commands.launcher import REPO, Finished, Launcher, code_location
 from zarrfeed.errors import ConfigError, root_cause
 
 # Run monitoring: a run whose process died with no one to report it (a killed `zarrfeed demo`,
@@ -148,40 +148,70 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
                 "raw " + " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds),
                 "none (`zarrfeed sample-data DIR` writes some)",
             )
-        total = sum(map(len, keys.values())) + 1 + len(models)
-        with display(total) as progress, code_location(home, instance) as launcher:
-            for family, family_keys in keys.items():
-                for key in family_keys:
-                    progress(f"{family.name} {key}")
-                    tags = {PARTITION_TAG: key}
-                    rows.append(run(launcher, family.build_job, family.name, key, tags=tags))
-            progress("dataset manifests")
-            rows.append(run(launcher, datasets_build.name, "datasets", "-"))
-            for key in models:
-                progress(f"training {key.to_user_string()}")
-                name = key.to_user_string()
-                selected = {"asset_selection": [key], "run_config": demo_training(key)}
-                rows.append(run(launcher, train.name, "training", name, **selected))
+        builds: list[Request] = [
+            (f"{f.name} {key}", f.build_job, f.name, key, {"tags": {PARTITION_TAG: key}})
+            for f, family_keys in keys.items()
+            for key in family_keys
+        ]
+        manifests: Request = ("dataset manifests", datasets_build.name, "datasets", "-", {})
+        trainings: list[Request] = []
+        for key in models:
+            name = key.to_user_string()
+            selected = {"asset_selection": [key], "run_config": demo_training(key)}
+            trainings.append((f"training {name}", train.name, "training", name, selected))
+        with (
+            display(len(builds) + 1 + len(trainings)) as progress,
+            code_location(home, instance) as launcher,
+        ):
+            rows += runs(launcher, progress, builds, at_once=BUILDS_AT_ONCE)
+            rows += runs(launcher, progress, [manifests])
+            rows += runs(launcher, progress, trainings)
     return rows
 
 
+# Partitions build in runs of their own, independent of one another: with two in flight, one
+# run's process starts (imports and loads the code location, ~4 s of CPU) while the other works.
+BUILDS_AT_ONCE = 2
+Request = tuple[str, str, str, str, dict[str, Any]]  # (shown, job, family, key, its options)
+
+
+def runs(
+    launcher: Launcher, progress: Progress, requests: list[Request], at_once: int = 1
+) -> list[Row]:
+    """Each request's run launched through ``launcher`` (``submit_job_execution``'s options),
+    ``at_once`` in flight, to its end, as summary rows in the order requested; ``progress``
+    hears of each as it is submitted.  Their steps run in the run's own process: a process a
+    step would cost more than the sample data's steps themselves.  A Ctrl-C terminates the
+    runs in flight and stops the whole demo."""
+
+    def submitted() -> Iterator[tuple[str, dict[str, Any]]]:
+        for shown, job, _, _, options in requests:
+            progress(shown)
+            yield job, in_process(options)
+
+    with contextlib.closing(launcher.runs(submitted(), at_once)) as done:
+        return [_row(next(done), family, key) for _, _, family, key, _ in requests]
+
+
 def run(launcher: Launcher, job: str, family: str, key: str, **options: Any) -> Row:
-    """One run of ``job`` launched through ``launcher`` (``submit_job_execution``'s options),
-    to its end, as a summary row.  Its steps run in the run's own process: a process a step
-    would cost more than the sample data's steps themselves.  A Ctrl-C terminates the run
-    and stops the whole demo."""
+    """One run of ``job`` launched through ``launcher``, to its end, as a summary row (as
+    :func:`runs`)."""
+    return _row(launcher.run(job, **in_process(options)), family, key)
+
+
+def in_process(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with run config that runs every step in the run's own process."""
     from zarrfeed.jobs.liveness import IN_PROCESS
 
-    in_process = {"execution": {"config": {IN_PROCESS: True}}}
-    options["run_config"] = {**(options.get("run_config") or {}), **in_process}
-    t0 = time.perf_counter()
-    run, events = launcher.run(job, **options)
-    return _row(run, events, family, key, time.perf_counter() - t0)
+    execution = {"execution": {"config": {IN_PROCESS: True}}}
+    return {**options, "run_config": {**(options.get("run_config") or {}), **execution}}
 
 
-def _row(run: Any, events: list[Any], family: str, key: str, seconds: float) -> Row:
+def _row(finished: Finished, family: str, key: str) -> Row:
     """The summary row of a finished run from its Dagster events."""
     import dagster as dg
+
+    run, events = finished.run, finished.events
 
     checks = [
         e.asset_check_evaluation_data
@@ -216,7 +246,7 @@ def _row(run: Any, events: list[Any], family: str, key: str, seconds: float) -> 
         len(made),
         f"{sum(c.passed for c in checks)}/{len(checks)}",
         stored,
-        seconds,
+        finished.seconds,
         cause,
         score,
     )

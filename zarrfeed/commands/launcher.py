@@ -24,7 +24,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,15 @@ STOP_TIMEOUT_S = 60  # a terminated run's worker stops between steps
 POLL_S = 0.2
 
 
+@dataclass
+class Finished:
+    """A run that ended: its record, its Dagster events, seconds from submission to end."""
+
+    run: dg.DagsterRun
+    events: list[dg.DagsterEvent]
+    seconds: float
+
+
 class Launcher:
     """Submits runs to the webserver and waits for them in ``instance`` (the same storage);
     ``server``, the webserver's process, is watched while a run is waited for."""
@@ -49,30 +59,52 @@ class Launcher:
         self.instance = instance
         self.server = server
 
-    def run(self, job: str, **options: Any) -> tuple[dg.DagsterRun, list[dg.DagsterEvent]]:
+    def run(self, job: str, **options: Any) -> Finished:
         """Run ``job`` (``submit_job_execution``'s options: ``tags``, ``run_config``,
-        ``asset_selection``) to its end: the finished run and its Dagster events.  A Ctrl-C
-        terminates the run, waits for it to stop and is raised again."""
-        run_id = None
+        ``asset_selection``) to its end.  A Ctrl-C terminates the run, waits for it to stop
+        and is raised again."""
+        [finished] = self.runs([(job, options)])
+        return finished
+
+    def runs(
+        self, requests: Iterable[tuple[str, dict[str, Any]]], at_once: int = 1
+    ) -> Iterator[Finished]:
+        """Each ``(job, options)`` request run to its end, ``at_once`` in flight (the next
+        submitted as soon as one ends, so that its process starts while the others work),
+        yielded in the order requested.  A Ctrl-C terminates every run in flight, waits for
+        them to stop and is raised again."""
+        pending = iter(requests)
+        flight: list[str] = []
         try:
-            with sigint_held():  # a run submitted is a run this call terminates
-                run_id = self.client.submit_job_execution(job, **options)
-            if self.instance.get_run_by_id(run_id) is None:
-                raise RuntimeError(
-                    f"the webserver launched run {run_id} of {job} into an instance other than "
-                    f"{self.instance.root_directory}: its dagster.yaml names other storage"
-                )
-            run = self._finished(run_id, timeout=None)
-        except KeyboardInterrupt:
-            if run_id is not None:
+            while True:
+                while len(flight) < at_once and (request := next(pending, None)) is not None:
+                    with sigint_held():  # a run submitted is in flight, which a Ctrl-C ends
+                        flight.append(self._submit(*request))
+                if not flight:
+                    return
+                finished = self._outcome(flight[0])
+                flight.pop(0)
+                yield finished
+        except (KeyboardInterrupt, GeneratorExit):  # a Ctrl-C here or where the runs go
+            for run_id in flight:
                 self._terminate(run_id)
             raise
-        events = [
-            entry.dagster_event
-            for entry in self.instance.all_logs(run_id)
-            if entry.dagster_event is not None
-        ]
-        return run, events
+
+    def _submit(self, job: str, options: dict[str, Any]) -> str:
+        run_id = self.client.submit_job_execution(job, **options)
+        if self.instance.get_run_by_id(run_id) is None:
+            raise RuntimeError(
+                f"the webserver launched run {run_id} of {job} into an instance other than "
+                f"{self.instance.root_directory}: its dagster.yaml names other storage"
+            )
+        return run_id
+
+    def _outcome(self, run_id: str) -> Finished:
+        run = self._finished(run_id, timeout=None)
+        record = self.instance.get_run_record_by_id(run_id)
+        logs = self.instance.all_logs(run_id)
+        events = [e.dagster_event for e in logs if e.dagster_event is not None]
+        return Finished(run, events, record.end_time - record.create_timestamp.timestamp())
 
     def _terminate(self, run_id: str) -> None:
         """Terminate the run unless it has ended, and wait for it to stop."""
