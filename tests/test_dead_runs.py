@@ -1,6 +1,7 @@
-"""Runs killed outside the daemon's run launcher (``dg launch``, the demo's in-process runs)
-are failed by the ``dead_runs`` sensor once their process is gone, so they free their run
-slot, and ``zarrfeed status`` says what happened: on a SQLite and a Postgres instance."""
+"""Runs killed outside the daemon's run launcher (``dg launch``; the demo's, its webserver and
+code server killed with them) are failed by the ``dead_runs`` sensor once their process is
+gone, so they free their run slot, and ``zarrfeed status`` says what happened: on a SQLite and
+a Postgres instance."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ from services import postgres_database, wait_for
 
 from zarrfeed.commands.status import partition_states
 from zarrfeed.families.ct import CT
-from zarrfeed.jobs.liveness import IN_PROGRESS, dead_runs, orchestrating_pid, orchestrator_pid
+from zarrfeed.jobs.liveness import (
+    IN_PROGRESS,
+    dead_runs,
+    orchestrating_pid,
+    orchestrator_pid,
+    runs_in_process,
+)
 from zarrfeed.processes import HOST_TAG, host_identity
 
 pytestmark = pytest.mark.slow
@@ -44,13 +51,16 @@ storage:
       db_name: {env: DAGSTER_PG_DB}
 """
 )
-# Runs the demo's way (``zarrfeed.commands.demo.run``: execute_in_process) in a fresh interpreter.
+# Runs the demo's way (``zarrfeed.commands.demo.run``: through its webserver) in a fresh
+# interpreter.
 DEMO_RUN = """
-import sys, dagster as dg
-from zarrfeed.definitions import defs
-from zarrfeed.commands.demo import run
+import os, sys, dagster as dg
+from pathlib import Path
+from zarrfeed.commands.demo import PARTITION_TAG, run
+from zarrfeed.commands.launcher import code_location
 with dg.DagsterInstance.get() as instance:
-    run(defs().resolve_job_def("ct_build"), instance, "ct", sys.argv[1], partition_key=sys.argv[1])
+    with code_location(Path(os.environ["DAGSTER_HOME"]), instance) as launcher:
+        run(launcher, "ct_build", "ct", sys.argv[1], tags={PARTITION_TAG: sys.argv[1]})
 """
 
 
@@ -87,6 +97,7 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
                         "--partition", key]  # fmt: skip
             quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
             proc = subprocess.Popen(args, cwd=tmp_path, env=env, start_new_session=True, **quiet)
+            webserver = None
             try:
                 run = wait_for(lambda: started(instance), 120, "a started run with its host")
                 pid = wait_for(
@@ -95,7 +106,11 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
                 context = dg.build_sensor_context(instance=instance)
                 assert "live process" in dead_runs(context).skip_message  # alive: left alone
                 assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
-                os.kill(pid, signal.SIGKILL)
+                if launcher == "demo":  # the run worker, its code server and webserver at once
+                    webserver = os.getpgid(pid)  # the webserver's session
+                    os.killpg(webserver, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
                 if pid == proc.pid:
                     proc.wait()  # reaped, as a shell or supervisor would
                 killed = time.monotonic()
@@ -107,20 +122,35 @@ def test_a_killed_run_is_failed_and_frees_its_slot(tmp_path, monkeypatch, kind, 
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)  # orphaned step processes too
                 proc.wait()
+                if webserver is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(webserver, signal.SIGKILL)
                 restore()
 
 
 def test_a_step_names_the_process_that_orchestrates_its_run(monkeypatch):
     """In process, that process; in a child Python's multiprocessing started (Dagster's
-    multiprocess executor), its parent; in a Celery worker, none."""
+    multiprocess executor), its parent, unless its run runs in process; in a Celery worker,
+    none."""
     import multiprocessing
     import types
 
     assert orchestrating_pid() == os.getpid()
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         assert pool.apply(orchestrating_pid) == os.getpid()
+        # a run worker a code server started, its steps in its own process (the demo's runs)
+        assert pool.apply(orchestrating_pid, (True,)) == pool.apply(os.getpid)
     monkeypatch.setitem(sys.modules, "celery", types.SimpleNamespace(current_task=object()))
     assert orchestrating_pid() is None
+
+
+def test_a_run_in_process_is_told_by_its_run_config():
+    def run(config: dict) -> dg.DagsterRun:
+        return dg.DagsterRun(job_name="ct_build", run_config=config)
+
+    assert runs_in_process(run({"execution": {"config": {"in_process": True}}}))
+    assert not runs_in_process(run({"execution": {"config": {"in_process": False}}}))
+    assert not runs_in_process(run({})) and not runs_in_process(None)
 
 
 def started(instance: dg.DagsterInstance) -> dg.DagsterRun | None:

@@ -38,7 +38,7 @@ from zarrfeed.assets.metadata import partition_metadata, readable, shown
 from zarrfeed.batching import in_flight, per_run, worker_processes
 from zarrfeed.errors import StoreError, ZarrfeedError
 from zarrfeed.families.stages import Checks, Step
-from zarrfeed.jobs.liveness import orchestrating_pid
+from zarrfeed.jobs.liveness import orchestrating_pid, runs_in_process
 from zarrfeed.processes import available_memory, usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.store.checksums import ATTR, array_checksum, recorded_checksums
@@ -294,7 +294,8 @@ def warm_workers(context: dg.AssetExecutionContext, item_bytes: int) -> None:
     before the first build.  Under the multiprocess or Celery executor each step has a
     process of its own, which starts its own server: warming one here would be wasted (the
     step runs in the run's own process exactly when that process orchestrates the run)."""
-    if orchestrating_pid() == os.getpid() and in_processes(context, item_bytes):
+    here = orchestrating_pid(runs_in_process(context.run)) == os.getpid()
+    if here and in_processes(context, item_bytes):
         warm_up()
 
 

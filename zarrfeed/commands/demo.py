@@ -1,8 +1,10 @@
 """``zarrfeed demo``: the whole graph on the sample data, in a persistent Dagster instance.
 
 Runs the real build jobs partition by partition into ``DAGSTER_HOME`` (default
-``.dagster_home`` in the working folder), so ``dg dev -w workspace.yaml`` started afterwards
-with the same ``DAGSTER_HOME`` shows every run under its job, every partition and check.
+``.dagster_home`` in the working folder), each launched as the UI launches it
+(:mod:`zarrfeed.commands.launcher`), so ``dg dev -w workspace.yaml`` started afterwards with
+the same ``DAGSTER_HOME`` shows every run under its job, re-executable as its own, and every
+partition and check.
 
 The terminal shows one progress display and a summary; Dagster's own logs (and anything the
 runs print) go to a log file the summary names, since a failure's root cause is one line in
@@ -14,9 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from zarrfeed import defaults
 from zarrfeed.commands.instance import hold_home
+from zarrfeed.commands.launcher import REPO, Finished, Launcher, code_location
 from zarrfeed.errors import ConfigError, root_cause
 
 # Run monitoring: a run whose process died with no one to report it (a killed `zarrfeed demo`,
@@ -56,9 +57,7 @@ run_retries:
   max_retries: 1
   retry_on_asset_or_op_failure: false
 """
-REPO = Path(__file__).resolve().parents[2]
-WORKSPACE = REPO / "workspace.yaml"
-REPOSITORY = "__repository__"  # the name Dagster gives a module's single Definitions
+PARTITION_TAG = "dagster/partition"  # the tag that makes a submitted run one partition's
 
 MIB = 1 << 20
 
@@ -98,14 +97,16 @@ def use_home(home: Path, **env: str) -> None:
     prepare_home(home, usable_cpus())
 
 
-def demo_training() -> dict[str, Any]:
-    """Run config of the demo's training: each task's defaults, but a narrower occupancy
-    autoencoder (64³ grids at width 16 take ~1 s a step on two cores, and the demo should
-    stay around two minutes)."""
+def demo_training(model: Any) -> dict[str, Any]:
+    """Run config of the demo's training of ``model`` (an asset key): the task's defaults,
+    but a narrower occupancy autoencoder (64³ grids at width 16 take ~1 s a step on two
+    cores, and the demo should stay around two minutes)."""
     from zarrfeed.families.ct.tasks import SparseAutoencoder
     from zarrfeed.training.tasks import model_asset_name
 
     asset = model_asset_name(SparseAutoencoder.name)
+    if model.to_user_string() != asset:
+        return {}  # a run's config names only the ops it runs
     return {"ops": {asset: {"config": {"train": {"width": 8}}}}}
 
 
@@ -138,7 +139,7 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
     definitions = defs()
     models = sorted(dg.AssetSelection.groups("training").resolve(definitions.resolve_asset_graph()))
     rows = []
-    with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
+    with dg.DagsterInstance.get() as instance:
         keys = {f: discover_into(instance, f, raw_resource, zarr_store) for f in families}
         if not any(keys.values()):
             kinds = [f.raw.items for f in families]
@@ -147,145 +148,105 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
                 "raw " + " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds),
                 "none (`zarrfeed sample-data DIR` writes some)",
             )
-        total = sum(map(len, keys.values())) + 1 + len(models)
-        with display(total) as progress:
-            for family, family_keys in keys.items():
-                job = definitions.resolve_job_def(family.build_job)
-                for key in family_keys:
-                    progress(f"{family.name} {key}")
-                    rows.append(run(job, instance, family.name, key, tags=tags, partition_key=key))
-            progress("dataset manifests")
-            job = definitions.resolve_job_def(datasets_build.name)
-            rows.append(run(job, instance, "datasets", "-", tags=tags))
-            trainer = definitions.resolve_job_def(train.name)
-            for key in models:
-                progress(f"training {key.to_user_string()}")
-                rows.append(
-                    run(
-                        trainer,
-                        instance,
-                        "training",
-                        key.to_user_string(),
-                        tags=tags,
-                        asset_selection=[key],
-                        run_config=demo_training(),
-                    )
-                )
+        builds: list[Request] = [
+            (f"{f.name} {key}", f.build_job, f.name, key, {"tags": {PARTITION_TAG: key}})
+            for f, family_keys in keys.items()
+            for key in family_keys
+        ]
+        manifests: Request = ("dataset manifests", datasets_build.name, "datasets", "-", {})
+        trainings: list[Request] = []
+        for key in models:
+            name = key.to_user_string()
+            selected = {"asset_selection": [key], "run_config": demo_training(key)}
+            trainings.append((f"training {name}", train.name, "training", name, selected))
+        with (
+            display(len(builds) + 1 + len(trainings)) as progress,
+            code_location(home, instance) as launcher,
+        ):
+            rows += runs(launcher, progress, builds, at_once=BUILDS_AT_ONCE)
+            rows += runs(launcher, progress, [manifests])
+            rows += runs(launcher, progress, trainings)
     return rows
 
 
-@contextlib.contextmanager
-def workspace_origin(instance: Any) -> Iterator[dict[str, str]]:
-    """Runs executed in this process in this block carry the origin of the code location
-    that ``dg dev -w workspace.yaml`` loads; with the tags yielded (its repository's), the UI
-    lists them under their job and re-executes them as its own, not as runs "loaded from a
-    different code location".  ``execute_in_process`` records no origin and Dagster offers
-    no public way to give it one, so the instance's run creation adds it for the block's
-    duration (internal Dagster names, checked against dagster 1.13)."""
-    from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-
-    [location] = WorkspaceFileTarget([str(WORKSPACE)]).create_origins()
-    repository = RemoteRepositoryOrigin(location, REPOSITORY)
-    create = instance.create_run_for_job
-
-    def create_with_origin(*args: Any, job_def: Any, **kwargs: Any) -> Any:
-        if kwargs.get("asset_selection") and job_def.asset_selection_data is not None:
-            # A job already subset to the selection, which run creation subsets again: the
-            # run would name that subset as its parent, a job no code location has.
-            job_def = job_def.asset_selection_data.parent_job_def
-        origin = RemoteJobOrigin(repository, job_def.name)
-        return create(*args, job_def=job_def, remote_job_origin=origin, **kwargs)
-
-    instance.create_run_for_job = create_with_origin
-    try:
-        yield {".dagster/repository": f"{REPOSITORY}@{location.location_name}"}
-    finally:
-        del instance.create_run_for_job
+# Partitions build in runs of their own, independent of one another: with two in flight, one
+# run's process starts (imports and loads the code location, ~4 s of CPU) while the other works.
+BUILDS_AT_ONCE = 2
+Request = tuple[str, str, str, str, dict[str, Any]]  # (shown, job, family, key, its options)
 
 
-def run(job: Any, instance: Any, family: str, key: str, **options: Any) -> Row:
-    """One run of ``job`` in this process (in a :func:`workspace_origin` block, with its
-    tags), as a summary row.  The run names this process as its own from the start, so the
-    ``dead_runs`` sensor fails it if the demo dies even before a step has begun (waiting for a
-    pool slot, say)."""
-    from zarrfeed.jobs.liveness import PID_TAG
-    from zarrfeed.processes import HOST_TAG, host_identity
+def runs(
+    launcher: Launcher, progress: Progress, requests: list[Request], at_once: int = 1
+) -> list[Row]:
+    """Each request's run launched through ``launcher`` (``submit_job_execution``'s options),
+    ``at_once`` in flight, to its end, as summary rows in the order requested; ``progress``
+    hears of each as it is submitted.  Their steps run in the run's own process: a process a
+    step would cost more than the sample data's steps themselves.  A Ctrl-C terminates the
+    runs in flight and stops the whole demo."""
 
-    here = {HOST_TAG: host_identity(), PID_TAG: str(os.getpid())}
-    options["tags"] = {**(options.get("tags") or {}), **here}
-    t0 = time.perf_counter()
-    with interrupts_seen() as seen:
-        result = job.execute_in_process(instance=instance, raise_on_error=False, **options)
-    if seen() or any(e.cls_name in INTERRUPTED for e in _failures(result)):
-        raise KeyboardInterrupt  # Ctrl-C stops the whole demo, not only this run
-    return _row(result, family, key, time.perf_counter() - t0)
+    def submitted() -> Iterator[tuple[str, dict[str, Any]]]:
+        for shown, job, _, _, options in requests:
+            progress(shown)
+            yield job, in_process(options)
 
-
-@contextlib.contextmanager
-def interrupts_seen() -> Iterator[Callable[[], bool]]:
-    """Whether a Ctrl-C (SIGINT) arrived during the block, whoever handled it.  A run in
-    this process holds Ctrl-C for itself and forgets one that arrives after it last looked
-    (Dagster 1.13 looks between steps): a Ctrl-C as a run ends would stop nothing.  The
-    signal module's wakeup file descriptor records every signal that arrives."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    read, write = os.pipe()
-    os.set_blocking(read, False)
-    os.set_blocking(write, False)
-    got = bytearray()
-    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    try:
-        yield lambda: signal.SIGINT in got
-    finally:
-        signal.set_wakeup_fd(previous)
-        with contextlib.suppress(BlockingIOError):
-            got += os.read(read, 4096)
-        os.close(read)
-        os.close(write)
+    with contextlib.closing(launcher.runs(submitted(), at_once)) as done:
+        return [_row(next(done), family, key) for _, _, family, key, _ in requests]
 
 
-INTERRUPTED = {"DagsterExecutionInterruptedError", "KeyboardInterrupt"}
+def run(launcher: Launcher, job: str, family: str, key: str, **options: Any) -> Row:
+    """One run of ``job`` launched through ``launcher``, to its end, as a summary row (as
+    :func:`runs`)."""
+    return _row(launcher.run(job, **in_process(options)), family, key)
 
 
-def _failures(result: Any) -> Iterator[Any]:
-    """Every error in the cause chains of a run's step failures."""
-    for event in result.all_events:
-        error = event.event_specific_data.error if event.is_step_failure else None
-        while error is not None:
-            yield error
-            error = getattr(error, "cause", None)
+def in_process(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with run config that runs every step in the run's own process."""
+    from zarrfeed.jobs.liveness import IN_PROCESS
+
+    execution = {"execution": {"config": {IN_PROCESS: True}}}
+    return {**options, "run_config": {**(options.get("run_config") or {}), **execution}}
 
 
-def _row(result: Any, family: str, key: str, seconds: float) -> Row:
-    checks = result.get_asset_check_evaluations()
+def _row(finished: Finished, family: str, key: str) -> Row:
+    """The summary row of a finished run from its Dagster events."""
+    import dagster as dg
+
+    run, events = finished.run, finished.events
+
+    checks = [
+        e.asset_check_evaluation_data
+        for e in events
+        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ]
+    made = [
+        e.step_materialization_data.materialization for e in events if e.is_step_materialization
+    ]
     stored = None
-    for event in result.get_asset_materialization_events():
-        value = event.materialization.metadata.get("stored_MiB")
+    for materialization in made:
+        value = materialization.metadata.get("stored_MiB")
         if value is not None:
             stored = (stored or 0) + round(value.value * MIB)
     cause, score = "", ""
-    for event in result.get_asset_materialization_events():
-        score = score or _score(event.asset_key.path[-1], event.materialization.metadata)
-    if not result.success:
-        failure = next((e for e in result.all_events if e.is_step_failure), None)
+    for materialization in made:
+        score = score or _score(materialization.asset_key.path[-1], materialization.metadata)
+    if not run.is_success:
+        failure = next((e for e in events if e.is_step_failure), None)
         failed_checks = [c for c in checks if not c.passed]
         if failure is not None:
-            cause = f"{failure.step_key}: {root_cause(failure.event_specific_data.error)}"
+            cause = f"{failure.step_key}: {root_cause(failure.step_failure_data.error)}"
         elif failed_checks:
             c = failed_checks[0]
             cause = f"check {c.asset_key.to_user_string()}.{c.check_name} failed"
         else:
-            cause = "the run failed; see the log"
+            cause = f"the run ended {run.status.value}; see the log"
     return Row(
         family,
         key,
-        result.success,
-        len(result.get_asset_materialization_events()),
+        run.is_success,
+        len(made),
         f"{sum(c.passed for c in checks)}/{len(checks)}",
         stored,
-        seconds,
+        finished.seconds,
         cause,
         score,
     )

@@ -1,5 +1,5 @@
 """``zarrfeed hub``: list a CT-RATE split on the Hugging Face hub, then build each volume, the
-demo's way (in this process, into a persistent instance)."""
+demo's way (runs launched as the UI launches them, into a persistent instance)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from zarrfeed import defaults
 from zarrfeed.commands.demo import (
+    PARTITION_TAG,
     Progress,
     Row,
     output_to,
@@ -18,9 +19,9 @@ from zarrfeed.commands.demo import (
     progress_display,
     run,
     use_home,
-    workspace_origin,
 )
 from zarrfeed.commands.instance import hold_home
+from zarrfeed.commands.launcher import code_location
 from zarrfeed.commands.options import count
 
 
@@ -38,36 +39,25 @@ def run_hub(
     import dagster as dg
 
     from zarrfeed.components import project_families
-    from zarrfeed.definitions import defs
 
-    definitions = defs()
     run_config = {"resources": {"hf": {"config": hf_config}}}
     rows: list[Row] = []
-    with dg.DagsterInstance.get() as instance, workspace_origin(instance) as tags:
+    with dg.DagsterInstance.get() as instance, code_location(home, instance) as launcher:
         for family in [c.declaration for c in project_families()]:
             if family.hub is None:
                 continue
             progress(f"{family.name} hub listing")
-            listing = definitions.resolve_job_def(family.hub.job)
-            rows.append(run(listing, instance, "hub", "catalog", tags=tags, run_config=run_config))
+            rows.append(run(launcher, family.hub.job, "hub", "catalog", run_config=run_config))
             if not rows[-1].ok:
                 return rows
             keys = sorted(instance.get_dynamic_partitions(family.partitions))
             if hf_config.get("max_scans"):
                 keys = keys[: hf_config["max_scans"]]
-            job = definitions.resolve_job_def(family.build_job)
             for key in keys:
                 progress(f"hub volume {key}")
+                tags = {PARTITION_TAG: key}
                 rows.append(
-                    run(
-                        job,
-                        instance,
-                        "hub",
-                        key,
-                        tags=tags,
-                        partition_key=key,
-                        run_config=run_config,
-                    )
+                    run(launcher, family.build_job, "hub", key, tags=tags, run_config=run_config)
                 )
     return rows
 

@@ -1,9 +1,10 @@
 """Runs whose process is gone are failed, however they were launched.
 
 Dagster's run monitoring watches the runs its daemon's run launcher started.  A run started
-by ``dg launch``, ``dagster asset materialize``, ``zarrfeed demo`` or ``execute_in_process``
-has no launcher to ask: killed, it stays STARTED, holds a run slot (``max_concurrent_runs``)
-and its pool slots, and a queued run waits until the maximum runtime.
+by ``dg launch``, ``dagster asset materialize`` or ``execute_in_process`` has no launcher to
+ask, nor has a ``zarrfeed demo`` run once the demo's webserver and code server are gone with
+it: killed, it stays STARTED, holds a run slot (``max_concurrent_runs``) and its pool slots,
+and a queued run waits until the maximum runtime.
 
 Every zarrfeed run says where it runs: the store resource, which every step uses, tags the
 run when a step starts with its host, boot and pid namespace
@@ -29,18 +30,27 @@ from zarrfeed.processes import HOST_TAG, host_identity, process_alive, rebooted
 
 IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 PID_TAG = "zarrfeed/pid"  # the run tag holding the pid of the process orchestrating the run
+IN_PROCESS = "in_process"  # the deployment executor's setting: every step in the run's process
 
 
-def orchestrating_pid() -> int | None:
+def runs_in_process(run: dg.DagsterRun | None) -> bool:
+    """Whether ``run`` asked the deployment's executor to run its steps in its own process
+    (``execution: {config: {in_process: true}}``, as ``zarrfeed demo``'s runs do)."""
+    execution = (run.run_config.get("execution") or {}) if run is not None else {}
+    return bool((execution.get("config") or {}).get(IN_PROCESS))
+
+
+def orchestrating_pid(in_process: bool = False) -> int | None:
     """The pid of the process that orchestrates the run of the step executing here: this
     process under an in-process executor (``execute_in_process``, ``dg.materialize``, ``dg
-    launch``), its parent when Dagster's multiprocess executor started it (through Python's
+    launch``; ``in_process``: a run that asked for it, whose process a code server started),
+    its parent when Dagster's multiprocess executor started it (through Python's
     ``multiprocessing``, whatever the start method), and none in a Celery worker, whose
     run's process lives elsewhere."""
     celery = sys.modules.get("celery")
     if celery is not None and celery.current_task:
         return None
-    parent = multiprocessing.parent_process()
+    parent = None if in_process else multiprocessing.parent_process()
     return parent.pid if parent is not None else os.getpid()
 
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from zarrfeed import defaults
 from zarrfeed.datasets import Retention
-from zarrfeed.jobs.liveness import PID_TAG, orchestrating_pid
+from zarrfeed.jobs.liveness import PID_TAG, orchestrating_pid, runs_in_process
 from zarrfeed.processes import HOST_TAG, host_identity
 from zarrfeed.sources.catalog import RawCatalog
 from zarrfeed.store import ZarrStore
@@ -43,7 +43,7 @@ class ZarrStoreResource(dg.ConfigurableResource):
         if run is None or instance is None:
             return
         tags = {HOST_TAG: host_identity()}
-        if (pid := orchestrating_pid()) is not None:
+        if (pid := orchestrating_pid(runs_in_process(run))) is not None:
             tags[PID_TAG] = str(pid)
         if any(run.tags.get(k) != v for k, v in tags.items()):
             instance.add_run_tags(run.run_id, tags)
