@@ -408,7 +408,9 @@ def main() -> None:
         patches.close()
         rates, walls, shares, notes, limits, fits = {}, {}, {}, {}, {}, None
         for regime, cfg in configs(base, work, plan, steps, skip).items():
-            limit = Limit(cfg, steps, skip)
+            held = cfg.model_copy(deep=True)  # its volumes read once, through an ample cache
+            held.data.cache_gb = plan["images" if regime == "images" else "fits"][0]
+            limit = Limit(held, steps, skip)
             runs = [train_regime(cfg, work / regime / str(i), skip, limit) for i in range(repeat)]
             if regime == "fits":
                 fits = limit  # its model steps MONAI's batches too
