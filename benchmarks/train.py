@@ -31,6 +31,7 @@ from zarrfeed.families.ct import CT
 from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.families.ct.tables import read_ct_rate_metadata
 from zarrfeed.families.ct.tasks import CTClassification
+from zarrfeed.families.family import Family
 from zarrfeed.jobs.discovery import discover_into
 from zarrfeed.resources import (
     BuildOptions,
@@ -120,22 +121,29 @@ def build_store(
     graph into a store, resampled to ``spacing`` (z, y, x mm): (raw folder, store)."""
     raw, store = work / "raw", work / "store.zarr"
     list(make_ct_rate(raw / "ct-rate", scans, size, np.random.default_rng(0)))
+    settings = {"windows": ["lung"], "spacing_zyx_mm": list(spacing)}
+    materialise(CT, settings, raw, store, work / "home")
+    return raw, store
+
+
+def materialise(family: Family, settings: dict, raw: Path, store: Path, home: Path) -> None:
+    """Every item ``family`` discovers in ``raw`` built through its graph with ``settings``
+    into ``store``, then its dataset (a Dagster instance of its own in ``home``)."""
     resources = {
         "build": BuildOptions(),
         "hf": HuggingFaceResource(),
         "zarr_store": ZarrStoreResource(url=str(store)),
         "raw": RawFolderResource(root=str(raw)),
     }
-    (work / "home").mkdir()
-    with dg.instance_for_test(temp_dir=str(work / "home")) as instance:
-        keys = discover_into(instance, CT, resources["raw"], resources["zarr_store"])
-        ct_assets = family_assets(CT, {"windows": ["lung"], "spacing_zyx_mm": list(spacing)})
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        keys = discover_into(instance, family, resources["raw"], resources["zarr_store"])
+        assets = family_assets(family, settings)
         for key in keys:
-            assert dg.materialize(ct_assets, partition_key=key, resources=resources,
+            assert dg.materialize(assets, partition_key=key, resources=resources,
                                   instance=instance).success  # fmt: skip
-        ct_dataset = [dataset_asset(CT)]
-        assert dg.materialize(ct_dataset, resources=resources, instance=instance).success
-    return raw, store
+        dataset = [dataset_asset(family)]
+        assert dg.materialize(dataset, resources=resources, instance=instance).success
 
 
 def steady(history: dict, skip: int) -> tuple[float, float, float]:

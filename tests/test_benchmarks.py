@@ -65,10 +65,11 @@ def test_train_benchmark_quick():
 
 @pytest.mark.slow
 def test_gpu_benchmark_quick_on_the_cpu():
-    regimes = ("fits", "device_quarter", "host_quarter")
+    regimes = ("fits", "device_quarter", "host_quarter", "augmented", "images")
     assert {
         "gpu.limit_samples_per_s",
         "gpu.vs_monai",
+        "gpu.vs_monai.augmented",
         *(f"gpu.wait_share.{r}" for r in regimes),
         *(f"gpu.samples_vs_limit.{r}" for r in regimes),
     } <= bench_names("gpu.py", "--device", "cpu")

@@ -15,12 +15,12 @@ of every epoch per rank, and only rank 0 writes.  A run folder is held by one tr
 time: rank 0 holds its ``train.lock`` for the run's life (another training into the folder
 fails at once, naming the holder), and removes the checkpoint files a killed writer left.
 The pieces it runs live beside it: :mod:`.runtime` (device, AMP, optimiser),
-:mod:`.checkpoints`, :mod:`.stopping` (signals) and :mod:`.result`.
+:mod:`.step` (one optimiser step), :mod:`.checkpoints`, :mod:`.stopping` (signals) and
+:mod:`.result`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import json
@@ -53,12 +53,12 @@ from zarrfeed.training.checkpoints import (
 from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.base import StoreDataset
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
-from zarrfeed.training.data.loader import batch_len
 from zarrfeed.training.data.plan import Budgets, world_facts
 from zarrfeed.training.data.protocols import HoldsOut
 from zarrfeed.training.report import EventLog, loss_curve_png
 from zarrfeed.training.result import TrainResult
 from zarrfeed.training.runtime import DistEnv, amp_policy, make_optimizer, resolve_device
+from zarrfeed.training.step import Stepper, autocast
 from zarrfeed.training.stopping import StopSignals, TrainingStopped
 from zarrfeed.training.tasks import PerClass, Task, make_task
 
@@ -139,7 +139,7 @@ class Trainer:
         them (its per-class tables in ``self._per_class``), without autograd."""
         model.eval()
         totals: dict[str, float] = {}
-        with torch.inference_mode(), self._autocast():
+        with torch.inference_mode(), autocast(self.device, self.amp_dtype):
             for batch in batches:
                 loss, metrics = self.task.loss(model, to_device(batch, self.device))
                 for k, v in {"loss": loss, **metrics}.items():
@@ -173,11 +173,6 @@ class Trainer:
             ]
         finally:
             dataset.close()
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -418,37 +413,19 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._stop.arm()
+        stepper = Stepper(
+            self.task, model, net, optimizer, self.scaler, self.device, self.amp_dtype,
+            t.accumulate, t.max_grad_norm, self.env.world,
+        )  # fmt: skip
         while state["step"] < t.steps and self._between_steps(state):
-            data_time = compute = 0.0
-            losses, samples = [], 0
-            for micro in range(t.accumulate):
-                t0 = time.perf_counter()
-                (epoch, position), batch = feed.next()
-                t1 = time.perf_counter()
-                sync = micro == t.accumulate - 1 or not isinstance(net, DistributedDataParallel)
-                with contextlib.nullcontext() if sync else net.no_sync(), self._autocast():
-                    loss, _ = self.task.loss(net, batch)
-                self.scaler.scale(loss / t.accumulate).backward()
-                losses.append(loss.detach())
-                samples += batch_len(batch)
-                data_time += t1 - t0
-                compute += time.perf_counter() - t1
-            t2 = time.perf_counter()
-            if t.max_grad_norm > 0:
-                self.scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-            self.scaler.step(optimizer)
-            self.scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = torch.stack(losses).float().mean()
-            if self.env.world > 1:
-                dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
-            pending.append(step_loss)
-            compute += time.perf_counter() - t2
+            took = stepper.step(feed)
+            pending.append(took.loss)
             state["step"] += 1
+            epoch, position = took.tag
             state["epoch"], state["position"] = epoch, position + 1  # the batch consumed last
-            for k, v in (("data_time", data_time), ("step_time", compute), ("samples", samples)):
-                history[k].append(v)
+            history["data_time"].append(took.data_time)
+            history["step_time"].append(took.compute)
+            history["samples"].append(took.samples)
             log_now = state["step"] % t.log_every == 0 or state["step"] == t.steps
             save_now = state["step"] % t.checkpoint_every == 0 or state["step"] == t.steps
             if log_now or save_now:
