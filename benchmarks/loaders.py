@@ -37,8 +37,8 @@ from zarrfeed.processes import usable_cpus
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import SharedArrayCache, make_loader
 from zarrfeed.training.data import GB
+from zarrfeed.training.data.facts import Budgets
 from zarrfeed.training.data.feed import make_feed
-from zarrfeed.training.data.plan import Budgets
 from zarrfeed.training.data.shm import clear_caches
 
 PATCH, PER_VOLUME, BATCH = 64, 128, 8

@@ -15,8 +15,9 @@ from zarrfeed.families.ct.datasets import CTPatchDataset, SparsePointsDataset
 from zarrfeed.families.images.datasets import ImagePatchDataset, render_batch
 from zarrfeed.families.spike.datasets import SpikeClipDataset
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, pool_layout
+from zarrfeed.training.data.facts import Budgets, World, data_facts, machine_facts
 from zarrfeed.training.data.feed import Feed, make_feed
-from zarrfeed.training.data.plan import Budgets, World, data_facts, machine_facts, plan_loading
+from zarrfeed.training.data.plan import plan_loading
 from zarrfeed.training.data.protocols import Boxes, DeviceCuts
 from zarrfeed.training.trainer import train
 from zarrfeed.transforms.defects import Defects, defect_table, random_defects, render_defects

@@ -7,14 +7,10 @@ import pytest
 
 from zarrfeed.errors import ConfigError
 from zarrfeed.training.data.device import PoolFacts, layout_pool
+from zarrfeed.training.data.facts import Budgets, CacheFacts, DataFacts, Machine, World
 from zarrfeed.training.data.plan import (
     DEVICE_SHARE,
     IN_FLIGHT_SHARE,
-    Budgets,
-    CacheFacts,
-    DataFacts,
-    Machine,
-    World,
     device_budget,
     plan_loading,
     plan_threads,

@@ -174,9 +174,9 @@ def test_image_patches_crop_first_with_defects_and_mask(built):
 
 
 def test_loader_plan_follows_cpus_dataset_size_and_spec(built, monkeypatch):
-    from zarrfeed.training.data import plan
+    from zarrfeed.training.data import facts
 
-    monkeypatch.setattr(plan, "cpu_budget", lambda: (40, "test"))
+    monkeypatch.setattr(facts, "cpu_budget", lambda: (40, "test"))
     assert plan_loader(10_000, 8, "auto").num_workers == 32  # seed 001: 40 CPUs → 32
     assert plan_loader(10_000, 8, "cpu*0.9").num_workers == 36
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")

@@ -16,9 +16,10 @@ from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.training.data import ring as ring_module
 from zarrfeed.training.data.device import GATHER_BYTES_PER_VOXEL, DeviceSlots, pool_layout
 from zarrfeed.training.data.epochs import EpochChain, EpochIndexed, LoaderKeys
+from zarrfeed.training.data.facts import Budgets, World, data_facts, machine_facts
 from zarrfeed.training.data.feed import Feed, make_feed
 from zarrfeed.training.data.loader import make_loader
-from zarrfeed.training.data.plan import Budgets, World, data_facts, machine_facts, plan_loading
+from zarrfeed.training.data.plan import plan_loading
 from zarrfeed.training.data.ring import RELEASE, BatchRing, settle
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler
 from zarrfeed.training.trainer import train
@@ -374,7 +375,8 @@ def test_a_model_on_the_cpu_gets_the_cpus_its_loader_workers_leave(monkeypatch):
     trains on the CPU; the plan gives the model what the workers leave, at least one
     thread, and a set ``OMP_NUM_THREADS`` wins."""
     from zarrfeed.processes import usable_cpus
-    from zarrfeed.training.data.plan import plan_threads, world_facts
+    from zarrfeed.training.data.facts import world_facts
+    from zarrfeed.training.data.plan import plan_threads
 
     def share_cpus(workers: int) -> str:  # what the feed does with the plan
         threads, line = plan_threads(machine_facts(), world_facts(), workers)

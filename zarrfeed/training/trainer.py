@@ -52,8 +52,8 @@ from zarrfeed.training.checkpoints import (
 )
 from zarrfeed.training.config import TrainConfig, run_differences
 from zarrfeed.training.data.base import StoreDataset
+from zarrfeed.training.data.facts import Budgets, world_facts
 from zarrfeed.training.data.feed import Feed, make_feed, to_device
-from zarrfeed.training.data.plan import Budgets, world_facts
 from zarrfeed.training.data.protocols import HoldsOut
 from zarrfeed.training.report import EventLog, loss_curve_png
 from zarrfeed.training.result import TrainResult

@@ -35,16 +35,9 @@ from torch.utils.data import Dataset
 
 from zarrfeed.training.data.device import DevicePatches, DeviceSlots, device_source
 from zarrfeed.training.data.epochs import EpochChain, LoaderKeys, Tag
+from zarrfeed.training.data.facts import Budgets, World, data_facts, machine_facts, world_facts
 from zarrfeed.training.data.loader import build_loader, collate_of, run_preload
-from zarrfeed.training.data.plan import (
-    Budgets,
-    LoadingPlan,
-    World,
-    data_facts,
-    machine_facts,
-    plan_loading,
-    world_facts,
-)
+from zarrfeed.training.data.plan import LoadingPlan, plan_loading
 from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.sampler import (
     BlockSampler,

@@ -12,17 +12,8 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 
 from zarrfeed.training.data.epochs import EpochIndexed, EpochKeys, epoch_of
-from zarrfeed.training.data.plan import (
-    Budgets,
-    LoaderPlan,
-    LoadingPlan,
-    data_facts,
-    machine_facts,
-    plan_loading,
-    preloaded,
-    started,
-    world_facts,
-)
+from zarrfeed.training.data.facts import Budgets, data_facts, machine_facts, world_facts
+from zarrfeed.training.data.plan import LoaderPlan, LoadingPlan, plan_loading, preloaded, started
 from zarrfeed.training.data.protocols import Collating, Ordering, StoreBacked
 from zarrfeed.training.data.sampler import build_order
 from zarrfeed.training.data.start import start_method
