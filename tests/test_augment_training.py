@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 import torch
 from test_augment import LiveBytes
+from test_device_families import BATCH as FAMILY_BATCH
+from test_device_families import dataset, same
+from test_device_families import feed_of as family_feed
 from test_training import config
 from test_training_cache import build_ct, expected
 from test_training_feed import BATCH, UNIT, device_tier, feed_of, take
@@ -37,16 +40,9 @@ def store(tmp_path_factory):
 
 
 def close(a: list[tuple[tuple, dict]], b: list[tuple[tuple, dict]]) -> None:
-    """The same tags and keys, integer tensors equal, floating ones within float16's step."""
-    assert [tag for tag, _ in a] == [tag for tag, _ in b]
-    for (tag, x), (_, y) in zip(a, b, strict=True):
-        assert sorted(x) == sorted(y), tag
-        for k in x:
-            assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, (tag, k)
-            if x[k].is_floating_point():
-                torch.testing.assert_close(x[k], y[k], atol=2e-3, rtol=1e-3, equal_nan=True)
-            else:
-                assert torch.equal(x[k], y[k]), (tag, k)
+    """The same tags and keys, integer tensors equal, floating ones within float16's step
+    (batched and per-sample resampling round alike to within it)."""
+    same(a, b, atol=2e-3, rtol=1e-3, equal_nan=True)
 
 
 def by_key(
@@ -269,10 +265,6 @@ def test_every_family_is_augmented_on_the_device_as_on_the_host(built, family):
     """Image patches with their defects and masks, spike clips with their frames and voxels:
     the device tier's batches, augmented after the gather, equal the host path's, each
     sample augmented as it is read, into a second epoch; a resumed feed repeats them."""
-    from test_device_families import BATCH as FAMILY_BATCH
-    from test_device_families import dataset
-    from test_device_families import feed_of as family_feed
-
     ds = dataset(built, family)
     ds.augment = Augment(FAMILY_AUGMENT[family])
     per_epoch = len(ds) // FAMILY_BATCH

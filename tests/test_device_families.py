@@ -41,16 +41,22 @@ def collate(ds: Dataset):
     return getattr(ds, "collate", default_collate)
 
 
-def same(a: list[tuple[tuple, dict]], b: list[tuple[tuple, dict]]) -> None:
-    """The same tags and batches: integers exactly, floats within float32 rounding (the
-    device may sum overlapping defects in another order)."""
+def same(
+    a: list[tuple[tuple, dict]],
+    b: list[tuple[tuple, dict]],
+    atol: float = 1e-6,
+    rtol: float = 1e-6,
+    equal_nan: bool = False,
+) -> None:
+    """The same tags and batches: integers exactly, floats within the tolerances (default:
+    float32 rounding, as the device may sum overlapping defects in another order)."""
     assert [tag for tag, _ in a] == [tag for tag, _ in b]
     for (tag, x), (_, y) in zip(a, b, strict=True):
         assert sorted(x) == sorted(y), tag
         for k in x:
             assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, (tag, k)
             if x[k].is_floating_point():
-                torch.testing.assert_close(x[k], y[k], rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(x[k], y[k], rtol=rtol, atol=atol, equal_nan=equal_nan)
             else:
                 assert torch.equal(x[k], y[k]), (tag, k)
 
