@@ -56,7 +56,7 @@ class SpikeDeblurring(Task):
         return ds
 
     def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import SpikeDeblur
+        from zarrfeed.families.spike.models import SpikeDeblur
 
         _, bins, _, _ = dataset.voxel_shapes[0]
         t = self.config.train
