@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from zarrfeed.families.spike.family import RECIPE, SPIKE, SPIKE_VOXELS
 from zarrfeed.training.config import DataSection
 from zarrfeed.training.tasks import Batch, Task
+from zarrfeed.transforms.augment.ops import axes_within
 
 # torch, the datasets and the models load when a task first builds or computes.
 if TYPE_CHECKING:
@@ -25,9 +26,30 @@ class DeblurData(DataSection):
     """What the deblurring task reads: clips of samples, cropped, with their voxels."""
 
     clip_len: int = Field(3, description="spike clip length in samples")
-    crop: list[int] = Field([64, 64], description="spike crop (H, W)")
+    crop: list[int] = Field([64, 64], description="spike crop (H, W)", validate_default=True)
     voxels: Literal["stored", "realtime"] = Field("stored", description="spike voxel source")
     augment_recipe: ClassVar[str | None] = RECIPE
+
+    @field_validator("crop")
+    @classmethod
+    def _square_for_quarter_turns(cls, crop: list[int], info: ValidationInfo) -> list[int]:
+        """A quarter turn needs a square plane: with ``augment.rot90`` on, a crop that is
+        not square in its axes is refused here, not at the first augmented batch.  The
+        clips' spatial axes are the crop's (H, W) when ``spatial_dims`` is 2, as the recipe
+        declares."""
+        if len(crop) != 2:
+            raise ValueError(f"expected (H, W), got {crop}")
+        augment = info.data.get("augment")
+        turn = augment.rot90 if augment is not None and augment.spatial_dims == 2 else None
+        if turn is not None:
+            axes_within(turn.axes, len(crop), "augment.rot90")
+            a, b = turn.axes
+            if crop[a] != crop[b]:
+                raise ValueError(
+                    f"augment.rot90 turns spatial axes {turn.axes}, which needs a square "
+                    f"crop: got {crop} (make it square, or set augment.rot90: null)"
+                )
+        return crop
 
 
 class SpikeDeblurring(Task):
