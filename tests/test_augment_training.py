@@ -181,11 +181,15 @@ def test_the_spike_config_refuses_quarter_turns_of_a_crop_that_is_not_square(tmp
     path = tmp_path / "run.yaml"
     path.write_text("task: spike_deblur\ndata:\n  crop: [48, 64]\n  augment: {}\n")
     with pytest.raises(
-        ConfigError, match=r"line 3: data.crop: .*needs a square crop: got \[48, 64\]"
+        ConfigError,
+        match=r"line 3: data.crop: .*needs a square plane, .*\(spatial shape \(48, 64\)\)",
     ):
         TrainConfig.load(path)
     for bad, why in [
-        ({"augment": {"rot90": {"axes": [0, 2]}}}, r"axes \(0, 2\) must be distinct spatial"),
+        (
+            {"augment": {"rot90": {"axes": [0, 2]}}},
+            r"rot90: axes \(0, 2\) must be distinct spatial",
+        ),
         ({"crop": [48]}, r"expected \(H, W\), got \[48\]"),
     ]:
         with pytest.raises(ConfigError, match=r"data.crop: .*" + why):

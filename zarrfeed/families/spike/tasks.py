@@ -11,7 +11,6 @@ from pydantic import Field, ValidationInfo, field_validator
 from zarrfeed.families.spike.family import RECIPE, SPIKE, SPIKE_VOXELS
 from zarrfeed.training.config import DataSection
 from zarrfeed.training.tasks import Batch, Task
-from zarrfeed.transforms.augment.ops import axes_within
 
 # torch, the datasets and the models load when a task first builds or computes.
 if TYPE_CHECKING:
@@ -42,13 +41,7 @@ class DeblurData(DataSection):
         augment = info.data.get("augment")
         turn = augment.rot90 if augment is not None and augment.spatial_dims == 2 else None
         if turn is not None:
-            axes_within(turn.axes, len(crop), "augment.rot90")
-            a, b = turn.axes
-            if crop[a] != crop[b]:
-                raise ValueError(
-                    f"augment.rot90 turns spatial axes {turn.axes}, which needs a square "
-                    f"crop: got {crop} (make it square, or set augment.rot90: null)"
-                )
+            turn.check_plane(tuple(crop))
         return crop
 
 
