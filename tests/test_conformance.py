@@ -165,8 +165,9 @@ def family_references(tree: ast.Module, module: str, packages: list[str]) -> lis
 
 
 def test_training_names_no_family():
-    """``zarrfeed.training`` is generic: each family's datasets and tasks live in its own
-    package (``zarrfeed.families.<family>``), which imports training, never the other way."""
+    """``zarrfeed.training`` is generic: each family's datasets, models and tasks live in its
+    own package (``zarrfeed.families.<family>``), which imports training, never the other way
+    (that its models live there is :func:`test_each_task_builds_a_model_of_its_own_family`)."""
     packages = family_packages()
     assert {"ct", "images", "spike"} <= set(packages)  # the scan sees the families
     found = []

@@ -12,10 +12,9 @@ recipe's (an operation the recipe lacks starts from its own defaults), ``null`` 
         gamma: null
 
 The operations are declared once, in :mod:`zarrfeed.transforms.augment.ops`
-(``Operations``): the config's field for each, its type, default and description, come
-from there, so an operation declared there is one here; the engine (pure torch, any device) is
-:mod:`zarrfeed.transforms.augment`. Reading the declaration imports no torch, so the
-training config can hold it.
+(``Operations``): the config's field for each, with its type, default and description,
+comes from there.  The engine (pure torch, any device) is :mod:`zarrfeed.transforms.augment`.
+Reading the declaration imports no torch, so the training config can hold it.
 """
 
 from __future__ import annotations
