@@ -11,6 +11,7 @@ import weakref
 from dataclasses import fields, replace
 
 import numpy as np
+import pydantic
 import pytest
 import torch
 import yaml
@@ -374,6 +375,25 @@ def test_the_config_the_engine_and_the_streams_hold_the_declared_operations():
     assert list(HALF) == list(OPERATIONS)
     streams = [getattr(params, name.upper()) for name in OPERATIONS]
     assert len(set(streams)) == len(OPERATIONS)
+
+
+def test_the_config_reads_back_its_yaml_and_its_errors_name_the_field():
+    """The config's operation fields come from ``ops.Operations``, in the YAML shape a run
+    writes: dumped (as ``to_yaml`` does) it reads back equal, in the declared order, and a
+    bad value, an unknown operation or an unknown field of one is refused where it is."""
+    config = AugmentConfig(recipe="image", noise={"p": 0.1}, blur=None)
+    dumped = config.model_dump(mode="json")
+    assert list(dumped) == ["recipe", "keys", *OPERATIONS, "padding", "spatial_dims"]
+    assert dumped["noise"] == {"p": 0.1, "std": [0.0, 0.03]} and dumped["blur"] is None
+    assert AugmentConfig.model_validate(yaml.safe_load(yaml.safe_dump(dumped))) == config
+    for bad, where in [
+        ({"noise": {"p": 2}}, ("noise",)),
+        ({"nois": {}}, ("nois",)),
+        ({"flip": {"axis": [0]}}, ("flip", "axis")),
+    ]:
+        with pytest.raises(pydantic.ValidationError) as caught:
+            AugmentConfig.model_validate(bad)
+        assert [e["loc"] for e in caught.value.errors()] == [where]
 
 
 def test_a_sample_augmented_on_its_own_is_its_row_of_the_batch():

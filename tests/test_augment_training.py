@@ -174,6 +174,34 @@ def test_the_training_config_declares_the_augmentation(tmp_path):
         TrainConfig.load(None, task="sparse_autoencoder", data={"augment": {}})
 
 
+def test_the_spike_config_refuses_quarter_turns_of_a_crop_that_is_not_square(tmp_path):
+    """A quarter turn needs a square plane: with rot90 on, the spike task's config refuses a
+    crop that is not square (or axes the crop lacks) as it is read, naming the field, its
+    line and the crop, rather than the first augmented batch failing mid-run."""
+    path = tmp_path / "run.yaml"
+    path.write_text("task: spike_deblur\ndata:\n  crop: [48, 64]\n  augment: {}\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"line 3: data.crop: .*needs a square plane, .*\(spatial shape \(48, 64\)\)",
+    ):
+        TrainConfig.load(path)
+    for bad, why in [
+        (
+            {"augment": {"rot90": {"axes": [0, 2]}}},
+            r"rot90: axes \(0, 2\) must be distinct spatial",
+        ),
+        ({"crop": [48]}, r"expected \(H, W\), got \[48\]"),
+    ]:
+        with pytest.raises(ConfigError, match=r"data.crop: .*" + why):
+            TrainConfig.load(None, task="spike_deblur", data=bad)
+    for fine in [
+        {"crop": [48, 48], "augment": {}},
+        {"crop": [48, 64], "augment": {"rot90": None}},
+        {"crop": [48, 64]},  # no augmentation
+    ]:
+        assert TrainConfig.load(None, task="spike_deblur", data=fine).data.crop == fine["crop"]
+
+
 def test_the_augmentation_enters_the_model_asset_s_config_and_code_version(monkeypatch):
     task = TASK_TYPES["ct_classifier"]
     run_config = dagster_config(TrainConfig.model_validate({"task": task.name}), "Run")

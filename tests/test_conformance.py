@@ -14,6 +14,7 @@ import ast
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -164,8 +165,9 @@ def family_references(tree: ast.Module, module: str, packages: list[str]) -> lis
 
 
 def test_training_names_no_family():
-    """``zarrfeed.training`` is generic: each family's datasets and tasks live in its own
-    package (``zarrfeed.families.<family>``), which imports training, never the other way."""
+    """``zarrfeed.training`` is generic: each family's datasets, models and tasks live in its
+    own package (``zarrfeed.families.<family>``), which imports training, never the other way
+    (that its models live there is :func:`test_each_task_builds_a_model_of_its_own_family`)."""
     packages = family_packages()
     assert {"ct", "images", "spike"} <= set(packages)  # the scan sees the families
     found = []
@@ -176,6 +178,20 @@ def test_training_names_no_family():
         for line, name in family_references(tree, ".".join(parts), packages):
             found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
     assert not found, "training modules naming a family:\n" + "\n".join(found)
+
+
+def test_each_task_builds_a_model_of_its_own_family():
+    """A task's model lives in its family's package beside the task (training holds only the
+    blocks models are built from), so that a family's model moves and changes with it."""
+    from zarrfeed.training.config import TrainConfig
+
+    # What the tasks' models read of their dataset: the classifier's labels, the spike clips'
+    # voxel shape (frames, bins, height, width).
+    dataset = SimpleNamespace(label_names=["a", "b"], voxel_shapes=[(8, 5, 16, 16)])
+    for name, task_type in TASK_TYPES.items():
+        home = task_type.__module__.rpartition(".")[0]
+        model = task_type(TrainConfig.model_validate({"task": name})).model(dataset)
+        assert type(model).__module__.startswith(f"{home}."), (name, type(model).__module__)
 
 
 def test_a_family_reference_in_training_is_found():

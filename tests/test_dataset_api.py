@@ -21,7 +21,8 @@ from zarrfeed.families.images.datasets import ImagePatchDataset
 from zarrfeed.families.spike.datasets import SpikeClipDataset
 from zarrfeed.store import ZarrStore, provenance
 from zarrfeed.training import ForegroundPatches, collate_batch, make_loader
-from zarrfeed.training.data.protocols import WorkerSettings
+from zarrfeed.training.data.patches import PATCH_SAMPLERS
+from zarrfeed.training.data.protocols import PatchSampling, PatchSource, WorkerSettings
 from zarrfeed.training.data.workers import init_worker
 from zarrfeed.transforms.sparse import occupancy_coords
 
@@ -286,6 +287,38 @@ def test_patch_samplers_repeat_exactly_for_a_seed(phantom_store):
         assert not np.array_equal(a.patch_origins(index), first)  # a new epoch, new patches
     with pytest.raises(ValueError, match="patch_sampler must be one of"):
         CTPatchDataset(phantom_store, cache_gb=0.05, patch_sampler="random")
+
+
+class CornerPatches:
+    """A sampler of a user's own, no subclass of the package's: every patch at the first voxel
+    of its volume."""
+
+    whole_volume = True
+
+    def bind(self, dataset: PatchSource) -> None:
+        self.ndim = len(dataset.patch_shape)
+
+    def origins(self, indices: np.ndarray) -> np.ndarray:
+        return np.zeros((len(indices), self.ndim), np.int64)
+
+
+def test_a_dataset_takes_any_patch_sampling_and_refuses_what_is_not_one(phantom_store):
+    """The named samplers and a user's own provide PatchSampling, the CT patch dataset
+    provides what they read of it (PatchSource), and it reads the patches its sampler
+    places; an object that does not place patches is refused when the dataset is made, by
+    what it lacks, not failed on in the first batch."""
+    for name in PATCH_SAMPLERS:
+        ds = CTPatchDataset(phantom_store, cache_gb=0.05, patch_sampler=name)
+        assert isinstance(ds.patch_sampler, PatchSampling), name
+        assert isinstance(ds, PatchSource)
+    ds = CTPatchDataset(phantom_store, cache_gb=0.05, patch_sampler=CornerPatches())
+    assert isinstance(ds.patch_sampler, CornerPatches)
+    assert (ds.patch_origins(np.arange(len(ds))) == 0).all()
+    want = phantom_store.open_array("ct/windows", ds.keys[ds.items[5]], "lung")
+    np.testing.assert_array_equal(ds[5]["image"][0].numpy(), want[:8, :16, :16])
+    unplaced = type("NoOrigins", (), {"whole_volume": True, "bind": lambda self, dataset: None})
+    with pytest.raises(TypeError, match=r"a PatchSampling \(whole_volume, bind, origins\)"):
+        CTPatchDataset(phantom_store, cache_gb=0.05, patch_sampler=unplaced())
 
 
 def test_torchio_random_transforms_repeat_per_seed_epoch_and_index(phantom_store):

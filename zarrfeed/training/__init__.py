@@ -1,5 +1,6 @@
 """Training without Dagster, in two rooms: :mod:`zarrfeed.training.data` feeds it (cached
-Datasets, samplers, self-sizing DataLoaders); the config, tasks, models and trainer learn.
+Datasets, samplers, self-sizing DataLoaders); the config, tasks, model blocks and trainer
+learn.
 
 The public names load their module on first use, so that reading a training config
 (:mod:`zarrfeed.training.config`, which the CLI's parser does) does not import torch, whose

@@ -11,32 +11,21 @@ recipe's (an operation the recipe lacks starts from its own defaults), ``null`` 
         elastic: {p: 0.1, magnitude: 3.0}
         gamma: null
 
-The operations' fields and their meaning are those of
-:mod:`zarrfeed.transforms.augment.ops`; the engine (pure torch, any device) is
-:mod:`zarrfeed.transforms.augment`. Reading the declaration imports no torch, so the
-training config can hold it.
+The operations are declared once, in :mod:`zarrfeed.transforms.augment.ops`
+(``Operations``): the config's field for each, with its type, default and description,
+comes from there.  The engine (pure torch, any device) is :mod:`zarrfeed.transforms.augment`.
+Reading the declaration imports no torch, so the training config can hold it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, is_dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import asdict, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from zarrfeed.transforms.augment.ops import (
-    OPERATIONS,
-    Affine,
-    Blur,
-    Elastic,
-    Flip,
-    Gamma,
-    Intensity,
-    Noise,
-    Role,
-    Rot90,
-)
+from zarrfeed.transforms.augment.ops import OPERATIONS, Operations, Role
 
 if TYPE_CHECKING:
     import torch
@@ -62,8 +51,10 @@ def recipes() -> dict[str, Mapping[str, Any]]:
     return found
 
 
-class AugmentConfig(BaseModel):
-    """Batched, seeded augmentation on the training device (``data.augment``)."""
+class AugmentSettings(BaseModel):
+    """What an augmentation declares besides its operations (the recipe and the roles of
+    the batch keys), and what is done with a whole declaration: :class:`AugmentConfig`
+    adds one field per operation."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -76,22 +67,6 @@ class AugmentConfig(BaseModel):
         default_factory=dict,
         description="batch key -> role: image (resampled, intensity operations), target "
         "(resampled only), mask (nearest voxel, dtype kept); default: the recipe's",
-    )
-    flip: Flip | None = None
-    rot90: Rot90 | None = None
-    affine: Affine | None = None
-    elastic: Elastic | None = None
-    intensity: Intensity | None = None
-    gamma: Gamma | None = None
-    noise: Noise | None = None
-    blur: Blur | None = None
-    padding: Literal["zeros", "border", "reflection"] = Field(
-        "border", description="what images are resampled with outside the field of view"
-    )
-    spatial_dims: Literal[2, 3] | None = Field(
-        None,
-        description="trailing spatial axes (axes between the batch axis and them are "
-        "channels); default: every axis after (N, C)",
     )
 
     @model_validator(mode="before")
@@ -115,17 +90,45 @@ class AugmentConfig(BaseModel):
         """The engine for this declaration (loads torch)."""
         from zarrfeed.transforms.augment.pipeline import Pipeline
 
-        return Pipeline(
-            keys=dict(self.keys),
-            padding=self.padding,
-            spatial_dims=self.spatial_dims,
-            **{name: getattr(self, name) for name in OPERATIONS},
-        )
+        return Pipeline(**{f.name: getattr(self, f.name) for f in fields(Pipeline)})
 
     def describe(self) -> str:
         """One line for the loader's log: the recipe and the operations on."""
         on = [f"{n}(p={getattr(self, n).p:g})" for n in OPERATIONS if getattr(self, n)]
         return f"augment: recipe {self.recipe}, {', '.join(on) or 'no operations'}"
+
+
+def operation_fields() -> dict[str, Any]:
+    """A config field for each operation :class:`Operations` declares: its type and default
+    (None: off), described by the operation's docstring."""
+    hints = get_type_hints(Operations)
+    found = {}
+    for f in fields(Operations):
+        (op,) = (t for t in get_args(hints[f.name]) if t is not type(None))
+        summary = " ".join((op.__doc__ or "").split("\n\n")[0].split())
+        found[f.name] = (hints[f.name], Field(f.default, description=summary))
+    return found
+
+
+AugmentConfig = create_model(
+    "AugmentConfig",
+    __base__=AugmentSettings,
+    __module__=__name__,
+    __doc__="Batched, seeded augmentation on the training device (``data.augment``).",
+    **operation_fields(),
+    padding=(
+        Literal["zeros", "border", "reflection"],
+        Field("border", description="what images are resampled with outside the field of view"),
+    ),
+    spatial_dims=(
+        Literal[2, 3] | None,
+        Field(
+            None,
+            description="trailing spatial axes (axes between the batch axis and them are "
+            "channels); default: every axis after (N, C)",
+        ),
+    ),
+)
 
 
 class Augment:

@@ -1,6 +1,6 @@
 """The CT family: its declaration (:mod:`.family`), discovery (:mod:`.discover`), CT-RATE's
-tables (:mod:`.tables`), training Datasets (:mod:`.datasets`, which imports torch) and
-training tasks (:mod:`.tasks`)."""
+tables (:mod:`.tables`), training Datasets (:mod:`.datasets`, which imports torch), models
+(:mod:`.models`) and training tasks (:mod:`.tasks`)."""
 
 from zarrfeed.families.ct.family import (
     CT,

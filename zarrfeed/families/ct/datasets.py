@@ -17,8 +17,8 @@ from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.base import BatchSamples, StoreDataset, collate_batch
 from zarrfeed.training.data.device.pool import units_per_box
-from zarrfeed.training.data.patches import PatchSampler, make_patch_sampler
-from zarrfeed.training.data.protocols import Boxes, BoxSpec, DeviceCuts
+from zarrfeed.training.data.patches import make_patch_sampler
+from zarrfeed.training.data.protocols import Boxes, BoxSpec, DeviceCuts, PatchSampling
 from zarrfeed.training.data.reader import copy_threads
 from zarrfeed.training.data.ring import RELEASE, BatchRing
 from zarrfeed.transforms.sparse import sample_points, sample_rows
@@ -60,8 +60,8 @@ class CTPatchDataset(StoreDataset):
     ``patch=False`` yields whole volumes; otherwise each sample is one entry of the patch
     index built by ``ct_patches``: its volume, and by default its origin (mostly-body
     patches).  ``patch_sampler`` places the patch otherwise: "uniform" anywhere in the
-    volume, "foreground" on the stored occupancy, or a
-    :class:`~zarrfeed.training.data.patches.PatchSampler` (see
+    volume, "foreground" on the stored occupancy, or any
+    :class:`~zarrfeed.training.data.protocols.PatchSampling` (see
     :mod:`zarrfeed.training.data.patches`).  CT-RATE labels come along as float32 0/1 (NaN
     where a scan has no label row).
 
@@ -87,7 +87,7 @@ class CTPatchDataset(StoreDataset):
         cache_gb: float = 2.0,
         seed: int = 0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-        patch_sampler: str | PatchSampler = "stored",
+        patch_sampler: str | PatchSampling = "stored",
         dataset_version: str | None = None,
         split: str | None = None,
         augment: Augment | AugmentConfig | Mapping[str, Any] | None = None,

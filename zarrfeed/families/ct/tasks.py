@@ -99,7 +99,7 @@ class CTClassification(Task):
         return ds
 
     def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import CTClassifier
+        from zarrfeed.families.ct.models import CTClassifier
 
         t = self.config.train
         return CTClassifier(len(dataset.label_names), t.width, t.grad_checkpointing)
@@ -170,7 +170,7 @@ class SparseAutoencoder(Task):
         return collate_points
 
     def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import OccupancyAutoencoder
+        from zarrfeed.families.ct.models import OccupancyAutoencoder
 
         t = self.config.train
         return OccupancyAutoencoder(t.width, checkpointing=t.grad_checkpointing)

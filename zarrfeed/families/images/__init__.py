@@ -1,5 +1,6 @@
 """The image family: its declaration (:mod:`.family`), discovery (:mod:`.discover`), training
-Dataset (:mod:`.datasets`, which imports torch) and training task (:mod:`.tasks`)."""
+Dataset (:mod:`.datasets`, which imports torch), model (:mod:`.models`) and training task
+(:mod:`.tasks`)."""
 
 from zarrfeed.families.images.family import (
     IMAGE_PATCHES,

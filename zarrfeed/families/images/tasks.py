@@ -57,7 +57,7 @@ class DefectSegmentation(Task):
         )
 
     def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import DefectSegmenter
+        from zarrfeed.families.images.models import DefectSegmenter
 
         t = self.config.train
         return DefectSegmenter(3, t.width, t.grad_checkpointing)

@@ -1,5 +1,6 @@
 """The spike-camera family: its declaration (:mod:`.family`), discovery (:mod:`.discover`),
-training Dataset (:mod:`.datasets`, which imports torch) and training task (:mod:`.tasks`)."""
+training Dataset (:mod:`.datasets`, which imports torch), model (:mod:`.models`) and training
+task (:mod:`.tasks`)."""
 
 from zarrfeed.families.spike.family import SPIKE, SPIKE_FRAMES, SPIKE_VOXELS, SpikeSettings
 

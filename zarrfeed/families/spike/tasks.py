@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from zarrfeed.families.spike.family import RECIPE, SPIKE, SPIKE_VOXELS
 from zarrfeed.training.config import DataSection
@@ -25,9 +25,24 @@ class DeblurData(DataSection):
     """What the deblurring task reads: clips of samples, cropped, with their voxels."""
 
     clip_len: int = Field(3, description="spike clip length in samples")
-    crop: list[int] = Field([64, 64], description="spike crop (H, W)")
+    crop: list[int] = Field([64, 64], description="spike crop (H, W)", validate_default=True)
     voxels: Literal["stored", "realtime"] = Field("stored", description="spike voxel source")
     augment_recipe: ClassVar[str | None] = RECIPE
+
+    @field_validator("crop")
+    @classmethod
+    def _square_for_quarter_turns(cls, crop: list[int], info: ValidationInfo) -> list[int]:
+        """A quarter turn needs a square plane: with ``augment.rot90`` on, a crop that is
+        not square in its axes is refused here, not at the first augmented batch.  The
+        clips' spatial axes are the crop's (H, W) when ``spatial_dims`` is 2, as the recipe
+        declares."""
+        if len(crop) != 2:
+            raise ValueError(f"expected (H, W), got {crop}")
+        augment = info.data.get("augment")
+        turn = augment.rot90 if augment is not None and augment.spatial_dims == 2 else None
+        if turn is not None:
+            turn.check_plane(tuple(crop))
+        return crop
 
 
 class SpikeDeblurring(Task):
@@ -56,7 +71,7 @@ class SpikeDeblurring(Task):
         return ds
 
     def model(self, dataset: Dataset) -> nn.Module:
-        from zarrfeed.training.models import SpikeDeblur
+        from zarrfeed.families.spike.models import SpikeDeblur
 
         _, bins, _, _ = dataset.voxel_shapes[0]
         t = self.config.train

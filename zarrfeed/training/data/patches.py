@@ -8,7 +8,11 @@ patches chosen when the store was built); ``UniformPatches`` puts the patch anyw
 the volume, each position equally likely; ``ForegroundPatches`` centres it on a random
 occupied cell of the stored occupancy the dataset names (``occupancy``: the asset of its
 window's voxels above the window threshold, ``ct_sparse`` for CT) — TorchIO's
-``LabelSampler``/``WeightedSampler`` with that occupancy as the probability map.
+``LabelSampler``/``WeightedSampler`` with that occupancy as the probability map.  What a
+sampler provides, and what it reads of its dataset, are the protocols
+:class:`~zarrfeed.training.data.protocols.PatchSampling` and
+:class:`~zarrfeed.training.data.protocols.PatchSource`: a dataset takes any object that
+provides the first.
 """
 
 from __future__ import annotations
@@ -19,17 +23,20 @@ from typing import Any
 import numpy as np
 
 from zarrfeed.errors import StoreError
+from zarrfeed.training.data.protocols import PatchSampling, PatchSource
 
 PATCH_STREAM = 2  # the dataset rng stream that places patches
 
 
 class PatchSampler:
-    """Origins of the patches of sample indices; ``bind`` attaches it to its dataset."""
+    """The shared part of the samplers here (a :class:`PatchSampling`): ``name`` as given in
+    the config, the check that every volume fits the patch, and placement one sample at a
+    time (``origin``) or anywhere in the volume (``uniform``)."""
 
     name = ""
     whole_volume = True  # a sample may read anywhere in its volume (the block sampler's units)
 
-    def bind(self, dataset: Any) -> None:
+    def bind(self, dataset: PatchSource) -> None:
         self.dataset = dataset
         small = [
             dataset.keys[i]
@@ -65,7 +72,7 @@ class StoredPatches(PatchSampler):
 
     name, whole_volume = "stored", False
 
-    def bind(self, dataset: Any) -> None:
+    def bind(self, dataset: PatchSource) -> None:
         self.dataset = dataset  # the index only holds patches that fit
 
     def origins(self, indices: np.ndarray) -> np.ndarray:
@@ -97,7 +104,7 @@ class ForegroundPatches(PatchSampler):
         self.foreground = foreground
         self._cells: dict[int, np.ndarray] = {}
 
-    def bind(self, dataset: Any) -> None:
+    def bind(self, dataset: PatchSource) -> None:
         super().bind(dataset)
         self._cells = {}
         self.occupancy: str = dataset.occupancy
@@ -161,10 +168,15 @@ PATCH_SAMPLERS: dict[str, type[PatchSampler]] = {
 }
 
 
-def make_patch_sampler(spec: str | PatchSampler) -> PatchSampler:
+def make_patch_sampler(spec: str | PatchSampling) -> PatchSampling:
     """A sampler from its name ("stored", "uniform", "foreground"), or a copy of a sampler."""
-    if isinstance(spec, PatchSampler):
-        return copy.copy(spec)  # binding it to a dataset leaves the caller's object as it was
-    if spec not in PATCH_SAMPLERS:
-        raise ValueError(f"patch_sampler must be one of {sorted(PATCH_SAMPLERS)}, got {spec!r}")
-    return PATCH_SAMPLERS[spec]()
+    if isinstance(spec, str):
+        if spec not in PATCH_SAMPLERS:
+            raise ValueError(f"patch_sampler must be one of {sorted(PATCH_SAMPLERS)}, got {spec!r}")
+        return PATCH_SAMPLERS[spec]()
+    if not isinstance(spec, PatchSampling):
+        raise TypeError(
+            f"patch_sampler must be one of {sorted(PATCH_SAMPLERS)} or a PatchSampling "
+            f"(whole_volume, bind, origins), got {spec!r}"
+        )
+    return copy.copy(spec)  # binding it to a dataset leaves the caller's object as it was

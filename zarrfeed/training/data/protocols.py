@@ -3,7 +3,8 @@
 The loader, the feed and the samplers work with any ``torch`` Dataset; these protocols name
 the optional abilities they use when a dataset has them (a store-backed cache, an epoch,
 batched reads, its own collate, settings applied in each worker, batches the device tier
-can cut) and what an epoch order provides.  They are checked with ``isinstance`` in one
+can cut), what an epoch order provides, and what a patch sampler provides and reads of
+the dataset it places patches for.  They are checked with ``isinstance`` in one
 place each, never by probing for attribute names.
 """
 
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from zarrfeed.store import ZarrStore
 
 
 class CacheFacts(Protocol):
@@ -164,3 +168,48 @@ class Ordering(Protocol):
     def __iter__(self) -> Iterator[int]: ...
 
     def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class PatchSource(Protocol):
+    """What a patch sampler reads of the dataset it places patches for: which volume each
+    sample reads (``items``, indices into ``keys``), the patch shape and the stored origins
+    (``origins``, one per sample), the cached window and its volumes' shapes, each sample's
+    random streams, and for placements on the stored occupancy the manifest's assets
+    (``manifest_assets``, of manifest ``dataset``), the asset naming ``occupancy`` and the
+    store they are read from.  ``asset`` and ``url`` name it in errors."""
+
+    dataset: str
+    asset: str
+    url: str
+    keys: list[str]
+    items: np.ndarray
+    origins: np.ndarray
+    patch_shape: tuple[int, ...]
+    window: str
+    occupancy: str
+    manifest_assets: dict[str, Any]
+
+    @property
+    def store(self) -> ZarrStore: ...
+
+    def shape_of(self, item: int, name: str) -> tuple[int, ...]: ...
+
+    def rng(self, index: int, stream: int = 0) -> np.random.Generator: ...
+
+
+@runtime_checkable
+class PatchSampling(Protocol):
+    """Where each sample's patch is cut in its volume, repeatably for (seed, epoch, index).
+
+    ``bind`` attaches it to its dataset (and refuses one whose volumes it cannot place a
+    patch in); ``origins`` gives the ``(len(indices), ndim)`` int64 first voxels of those
+    samples' patches this epoch; ``whole_volume`` says whether a patch may lie anywhere in
+    its volume, so that a block sampler counts whole volumes rather than the stored
+    patches' cache units."""
+
+    whole_volume: bool
+
+    def bind(self, dataset: PatchSource) -> None: ...
+
+    def origins(self, indices: np.ndarray) -> np.ndarray: ...

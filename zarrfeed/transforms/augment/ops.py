@@ -55,6 +55,17 @@ class Rot90:
         if len(self.axes) != 2 or self.axes[0] == self.axes[1]:
             raise ValueError(f"rot90: axes must be two different spatial axes, got {self.axes}")
 
+    def check_plane(self, shape: tuple[int, ...]) -> None:
+        """Refuse a spatial ``shape`` it cannot turn: one that lacks its axes, or whose plane
+        in them is not square (a quarter turn would swap the sizes)."""
+        axes_within(self.axes, len(shape), "rot90")
+        a, b = self.axes
+        if shape[a] != shape[b]:
+            raise ValueError(
+                f"rot90 in spatial axes {self.axes} needs a square plane, "
+                f"got sizes {shape[a]} and {shape[b]} (spatial shape {shape})"
+            )
+
 
 @dataclass(frozen=True)
 class Affine:

@@ -114,13 +114,8 @@ def rot90_matrices(
     """(N, d, d) quarter-turn matrices for a batch of spatial ``shape``, and whether any
     sample turns."""
     ndim = len(shape)
-    axes_within(op.axes, ndim, "rot90")
+    op.check_plane(shape)
     a, b = op.axes
-    if shape[a] != shape[b]:
-        raise ValueError(
-            f"rot90 in spatial axes {op.axes} needs a square plane, "
-            f"got sizes {shape[a]} and {shape[b]} (spatial shape {shape})"
-        )
     u = uniforms(key, indices, 2)
     turns = torch.where(u[:, 0] < op.p, 1 + (u[:, 1] * 3).long(), 0)
     cos = torch.tensor([1.0, 0.0, -1.0, 0.0], dtype=torch.float64)[turns]
