@@ -208,3 +208,15 @@ def test_the_code_location_loads_without_the_readers_libraries():
         "assert [getattr(f, n) for n in f.__all__] and [getattr(s, n) for n in s.__all__]\n"
     )
     run_python(code)
+
+
+def test_the_cli_starts_without_dagster():
+    """Every ``zarrfeed`` command imports every command module; dagster (~1.5 s on two
+    cores) loads only in the commands that launch runs (``demo``, ``hub``), when they run."""
+    run_python(
+        "import sys, zarrfeed.cli\n"
+        "zarrfeed.cli.build_parser()\n"
+        "assert 'dagster' not in sys.modules, 'the CLI imported dagster'\n"
+        "import zarrfeed.commands.launcher as launcher\n"
+        "assert launcher.code_location and launcher.Launcher and launcher.Finished\n"
+    )
