@@ -151,15 +151,19 @@ print("\\n".join(found))
 """
 
 
+def run_python(code: str) -> str:
+    """The output of ``code`` run in a fresh interpreter, which must succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 def test_importing_any_module_reads_no_setting_and_installs_no_warning_filter():
     """What a module's import reads from the environment is fixed before anyone can set it
     (a code location, a test, ``zarrfeed demo``); a filter it installs hides warnings from
     every other code in the process."""
-    out = subprocess.run(
-        [sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "", out.stdout
+    out = run_python(IMPORT_ALL)
+    assert out.strip() == "", out
 
 
 def test_the_cli_and_the_code_location_start_without_torch():
@@ -181,5 +185,38 @@ def test_the_cli_and_the_code_location_start_without_torch():
         "assert {'Trainer', 'train', 'make_loader'} <= set(t.__all__)\n"
         "assert not {'CTPatchDataset', 'ImagePatchDataset', 'SpikeClipDataset'} & set(t.__all__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_python(code)
+
+
+def test_the_code_location_loads_without_the_readers_libraries():
+    """A code location's load declares the families and opens no array and reads no scan:
+    zarr, nibabel, pydicom (and the scipy nibabel pulls in) and the hub's client
+    (huggingface_hub, httpx), ~1 s of every run and step process's start on two cores, load
+    when an array is opened or written, a reader or the hub first used; the public reader and
+    hub names still import from their packages."""
+    code = (
+        "import sys, zarrfeed.definitions\n"
+        "zarrfeed.definitions.defs().get_repository_def()  # what a run process loads\n"
+        "heavy = {'zarr', 'nibabel', 'pydicom', 'scipy', 'huggingface_hub', 'httpx2'}\n"
+        "assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))\n"
+        "from zarrfeed.formats import read_ct, read_dicom_series, read_nifti, Volume\n"
+        "from zarrfeed.sources import CTRateHub, HubError\n"
+        "assert {'nibabel', 'huggingface_hub'} <= set(sys.modules)\n"
+        "from zarrfeed.store import compressors_for\n"
+        "assert compressors_for('int16') and 'zarr' in sys.modules\n"
+        "import zarrfeed.formats as f, zarrfeed.sources as s\n"
+        "assert [getattr(f, n) for n in f.__all__] and [getattr(s, n) for n in s.__all__]\n"
+    )
+    run_python(code)
+
+
+def test_the_cli_starts_without_dagster():
+    """Every ``zarrfeed`` command imports every command module; dagster (~1.5 s on two
+    cores) loads only in the commands that launch runs (``demo``, ``hub``), when they run."""
+    run_python(
+        "import sys, zarrfeed.cli\n"
+        "zarrfeed.cli.build_parser()\n"
+        "assert 'dagster' not in sys.modules, 'the CLI imported dagster'\n"
+        "import zarrfeed.commands.launcher as launcher\n"
+        "assert launcher.code_location and launcher.Launcher and launcher.Finished\n"
+    )

@@ -6,6 +6,7 @@ STORE = "data/zarrfeed.zarr"
 RAW = "data/raw"
 MODELS = "data/models"
 DAGSTER_HOME = ".dagster_home"
+HUB_REPO = "ibrahimhamamci/CT-RATE"  # CT-RATE on the Hugging Face hub
 
 # File symlinks under the raw folder (ZARRFEED_RAW_LINKS): "follow" reads every link at its
 # target, wherever it lies, and records link, target and hash in the provenance; "inside"

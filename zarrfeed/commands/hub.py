@@ -63,10 +63,8 @@ def run_hub(
 
 
 def add_parser(sub: Any) -> None:
-    from zarrfeed.sources.hub import DEFAULT_REPO
-
     p = sub.add_parser("hub", help="discover and build CT-RATE volumes from the Hugging Face hub")
-    p.add_argument("--repo", default=DEFAULT_REPO)
+    p.add_argument("--repo", default=defaults.HUB_REPO)
     p.add_argument("--revision", default="main")
     p.add_argument("--split", choices=["train", "valid"], default="valid")
     p.add_argument("--max-scans", type=count(1), help="build only the first N volumes")

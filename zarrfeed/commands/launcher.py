@@ -27,10 +27,12 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dagster as dg
 import yaml
+
+if TYPE_CHECKING:  # dagster (~1.5 s to import) is the runs' and the webserver's, not the CLI's
+    import dagster as dg
 
 REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = REPO / "workspace.yaml"

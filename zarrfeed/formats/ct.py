@@ -9,8 +9,6 @@ from typing import Literal
 import numpy as np
 
 from zarrfeed.formats.arrays import read_array_volume
-from zarrfeed.formats.dicom import read_dicom_series
-from zarrfeed.formats.nifti import read_nifti
 from zarrfeed.formats.volume import Volume
 from zarrfeed.transforms import ct, hu
 
@@ -46,9 +44,15 @@ class CTItem:
 
 def read_ct(item: CTItem) -> Volume:
     """Stored values, spacing and HU evidence of any CT item."""
+    # The NIfTI and DICOM readers (nibabel, pydicom: ~0.6 s) are imported when one is read,
+    # not by the families and discovery that name CT kinds and suffixes.
     if item.kind == "nifti":
+        from zarrfeed.formats.nifti import read_nifti
+
         return read_nifti(item.path)
     if item.kind == "dicom":
+        from zarrfeed.formats.dicom import read_dicom_series
+
         return read_dicom_series(item.files, series_uid=item.series_uid)
     return read_array_volume(item.path)
 
@@ -66,6 +70,8 @@ def ct_clip_input(
     row's rescale, ``override`` the user's); CT-CLIP itself applies the CSV's rescale to
     ``get_fdata()`` unconditionally.  The spacing is the header's, CT-CLIP's the CSV's.
     """
+    from zarrfeed.formats.nifti import read_nifti
+
     vol = read_nifti(path, canonical=False)  # (z, y, x) = (k, j, i): no reorientation
     data, _ = vol.to_hu(csv=csv, override=override)
     return ct.preprocess(data, vol.spacing, ct.CT_CLIP)

@@ -14,15 +14,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nibabel as nib
 import numpy as np
-import pydicom
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.errors import InvalidDicomError
-from pydicom.filereader import read_partial
-from pydicom.pixels import pixel_array
-from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from zarrfeed.errors import InputError
 from zarrfeed.formats.limits import (
@@ -33,6 +27,11 @@ from zarrfeed.formats.limits import (
 )
 from zarrfeed.formats.volume import Volume, to_ras
 from zarrfeed.transforms.hu import IDENTITY
+
+# pydicom and nibabel (~0.6 s) are imported by the functions that read or write DICOM, not
+# here: CT discovery names this module's suffixes wherever the families are declared.
+if TYPE_CHECKING:
+    from pydicom.dataset import Dataset
 
 DEFER_BYTES = 1024  # values larger than this (the pixel data) stay on disk until decoded
 # A compressed frame may decode to 1032× its file or to 64 MiB, whichever is more: enough
@@ -54,6 +53,9 @@ def _files(source: str | Path | Iterable[str | Path]) -> tuple[list[Path], bool]
 def _header(path: Path, explicit: bool) -> Dataset | None:
     """The header with pixel data deferred; None for a file found in a folder that is no
     slice (not an image, a scout, a dose screen: :func:`not_a_slice`)."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
     try:
         ds = pydicom.dcmread(path, defer_size=DEFER_BYTES)
     except InvalidDicomError as exc:
@@ -214,6 +216,8 @@ def read_dicom_series(
     skipped; a given list must hold only images.  Several series in one folder need
     ``series_uid``.
     """
+    import nibabel as nib
+
     files, explicit = _files(source)
     slices = [(f, ds) for f in files if (ds := _header(f, explicit)) is not None]
     if not slices:
@@ -300,6 +304,9 @@ def read_dicom_series(
 def _decode(path: Path, ds: Dataset) -> np.ndarray:
     """The stored pixel values of one slice.  ``pixel_array`` reads them from the file, but
     finds none in a deflated one: that slice is read whole, inflated, and decoded from it."""
+    import pydicom
+    from pydicom.pixels import pixel_array
+
     syntax = ds.file_meta.get("TransferSyntaxUID")
     if syntax is not None and syntax.is_deflated:
         return pydicom.dcmread(path).pixel_array
@@ -360,6 +367,9 @@ def _series_uid(path: str, size: int, mtime_ns: int) -> str | None:
     ``NOT_A_SLICE`` for a DICOMDIR, a report or another object that is no slice, None for a
     DICOM file whose header cannot be read.  Cached by size and mtime: a sensor that walks
     the same folders every tick reads each header once."""
+    from pydicom.errors import InvalidDicomError
+    from pydicom.filereader import read_partial
+
     try:
         with open(path, "rb") as f:
             ds = read_partial(f, stop_when=lambda tag, vr, length: tag > _SERIES_UID)
@@ -405,6 +415,9 @@ def write_dicom_series(
     series (rows run to the patient's left, columns to the back, as scanners store them), one
     suffix-less file per slice as many scanners name them, with deterministic UIDs (used for
     sample data); :func:`read_dicom_series` gives the same array back."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     study, series = (generate_uid(entropy_srcs=[seed, part]) for part in ("study", "series"))

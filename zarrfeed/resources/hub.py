@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
-from zarrfeed.sources import CTRateHub
-from zarrfeed.sources.hub import DEFAULT_REPO
+from zarrfeed.defaults import HUB_REPO
+
+if TYPE_CHECKING:
+    from zarrfeed.sources.hub import CTRateHub
 
 
 class HuggingFaceResource(dg.ConfigurableResource):
@@ -16,7 +20,7 @@ class HuggingFaceResource(dg.ConfigurableResource):
     huggingface_hub) or ``endpoint`` points at another hub.
     """
 
-    repo_id: str = DEFAULT_REPO
+    repo_id: str = HUB_REPO
     revision: str = "main"
     split: str = "valid"  # the *_fixed folder of this split
     cache_dir: str | None = None  # default: the huggingface_hub cache (HF_HUB_CACHE)
@@ -25,6 +29,10 @@ class HuggingFaceResource(dg.ConfigurableResource):
     delete_after_commit: bool = False  # remove each download once its HU volume is committed
 
     def hub(self) -> CTRateHub:
+        # The client (huggingface_hub, httpx: ~0.2 s) loads when a hub is used, not with
+        # every code location that declares this resource.
+        from zarrfeed.sources.hub import CTRateHub
+
         return CTRateHub(
             self.repo_id,
             self.revision,

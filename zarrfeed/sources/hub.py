@@ -35,6 +35,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from zarrfeed.defaults import HUB_REPO
 from zarrfeed.errors import ZarrfeedError
 from zarrfeed.formats.ct import ct_stem
 from zarrfeed.store.backends import LocalBackend
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 # Saved listings of another format are never read: those before 2 kept one of two paths that
 # give one key and dropped the other without a trace.
 LISTING_FORMAT = 2
-DEFAULT_REPO = "ibrahimhamamci/CT-RATE"
 TABLES = {  # CT-RATE's own names: "validation" for metadata and reports, "valid" for labels
     "metadata": "dataset/metadata/{long}_metadata.csv",
     "labels": "dataset/multi_abnormality_labels/{split}_predicted_labels.csv",
@@ -82,7 +82,7 @@ class CTRateHub:
 
     def __init__(
         self,
-        repo_id: str = DEFAULT_REPO,
+        repo_id: str = HUB_REPO,
         revision: str = "main",
         split: str = "train",
         token: str | None = None,

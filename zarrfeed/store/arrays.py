@@ -11,14 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
-from zarr.storage import StorePath
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store.chunkio import ChunkedArray
 from zarrfeed.store.keys import check_key
 
+# zarr (~0.3 s) is imported where an array is opened: a code location that declares the
+# stores without reading one (every run and step process loads one) does without it.
 if TYPE_CHECKING:
+    import zarr
+
     from zarrfeed.store.zarrstore import ZarrStore
 
 LISTINGS_KEPT = 4096  # version listings a store keeps (each a set of its object paths)
@@ -28,6 +30,8 @@ def open_partition(
     store: ZarrStore, asset: str, key: str, version: str | None = None
 ) -> zarr.Group:
     """:meth:`ZarrStore.open_partition`."""
+    import zarr
+
     folder = store.version_path(asset, key, version)
     if version is not None and not store.backend.exists(f"{folder}/zarr.json"):
         raise StoreError(
@@ -42,6 +46,8 @@ def open_array(
     store: ZarrStore, asset: str, key: str, name: str, version: str | None = None
 ) -> zarr.Array:
     """:meth:`ZarrStore.open_array`."""
+    import zarr
+
     folder = store.version_path(asset, key, version)
     zstore = store.backend.zarr_store(folder, read_only=True)
     try:
@@ -85,6 +91,9 @@ def recorded_array(
     the record holds (no GET of it); None where the record holds none (written by an
     older zarrfeed, or no such array): then the array's own metadata is read.  A record
     whose copy disagrees with its own shape, dtype or chunks is refused."""
+    import zarr
+    from zarr.storage import StorePath
+
     summary = record["arrays"].get(name)
     meta = summary.get("zarr_json") if isinstance(summary, dict) else None
     if meta is None:

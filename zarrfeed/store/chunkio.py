@@ -23,16 +23,18 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zarr
 from numcodecs import blosc
-from zarr.codecs import BloscCodec, BytesCodec
 
 from zarrfeed.errors import StoreError
 from zarrfeed.processes import usable_cpus
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.disktier import DiskTier
+
+if TYPE_CHECKING:
+    import zarr
 
 Region = tuple[slice, ...]
 # Arrays this large come from fresh pages the kernel zeroes (glibc maps allocations above its
@@ -61,6 +63,8 @@ class BloscLayout:
     @classmethod
     def of(cls, array: zarr.Array) -> BloscLayout | None:
         """The layout, or None when the array needs zarr's own codec pipeline."""
+        from zarr.codecs import BloscCodec, BytesCodec  # zarr loads with the first array
+
         meta = array.metadata
         if meta.zarr_format != 3:
             return None

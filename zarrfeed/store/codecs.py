@@ -21,10 +21,12 @@ partition stays a handful of files.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from zarr.codecs import BloscCodec
+
+if TYPE_CHECKING:
+    from zarr.codecs import BloscCodec
 
 Read = Literal["patch", "frame", "sample", "rows", "whole"]
 Content = Literal["dense", "events"]
@@ -36,6 +38,8 @@ ROWS_CHUNK = 1 << 16
 
 
 def compressors_for(dtype: np.dtype | str, content: Content = "dense") -> list[BloscCodec]:
+    from zarr.codecs import BloscCodec  # zarr loads with the first array written
+
     dtype = np.dtype(dtype)
     if content == "events":
         return [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=dtype.itemsize)]

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
-from zarr.buffer import default_buffer_prototype
 
 import zarrfeed
 from zarrfeed.errors import StoreError, ZarrfeedError
@@ -34,7 +32,11 @@ from zarrfeed.store.keys import check_key
 from zarrfeed.store.stamps import PATTERN, match
 from zarrfeed.store.stamps import stamp as new_stamp
 
+# zarr (~0.3 s) is imported where an array is written: a code location that declares the
+# stores without writing one (every run and step process loads one) does without it.
 if TYPE_CHECKING:
+    import zarr
+
     from zarrfeed.store.zarrstore import ZarrStore
 
 LAYOUT = 2
@@ -78,6 +80,8 @@ class PartitionWriter:
         dimension_names: tuple[str, ...] | None = None,
     ) -> zarr.Array:
         """An empty array to fill slab by slab (for data larger than memory)."""
+        import zarr
+
         check_key(name)
         auto_chunks, shards = chunks_for(shape, dtype, read)
         try:
@@ -149,6 +153,8 @@ def discard(store: ZarrStore, folder: str) -> None:
 def _finish(store: ZarrStore, writer: PartitionWriter, asset: str, key: str, version: str) -> bytes:
     if not writer.arrays:
         raise StoreError(f"partition {asset}/{key} has no arrays; nothing to commit")
+    import zarr
+
     try:
         zarr.open_group(writer._zstore, mode="r+").attrs.update(writer.attrs)
     except OSError as exc:
@@ -221,6 +227,8 @@ def committed_version(store: ZarrStore, asset: str, key: str) -> str | None:
 def _ensure_groups(store: ZarrStore, asset: str, key: str) -> None:
     """Group metadata for the root, each asset level and the partition folder, so the
     hierarchy is browsable with any Zarr tool."""
+    import zarr
+
     parts = [*asset.split("/"), key]
     backend = store.backend
     root_store = backend.zarr_store(store.root, read_only=False)
@@ -266,6 +274,8 @@ def _young_enough(asset: str, key: str, version: str) -> None:
 
 def zarr_json(array: zarr.Array) -> dict[str, Any]:
     """The ``zarr.json`` document zarr writes for ``array``."""
+    from zarr.buffer import default_buffer_prototype
+
     buffers = array.metadata.to_buffer_dict(default_buffer_prototype())
     return json.loads(buffers["zarr.json"].to_bytes())
 

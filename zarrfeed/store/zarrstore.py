@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 
 from zarrfeed.store import arrays, commits, garbage, records
 from zarrfeed.store.backends import Backend, LocalBackend, open_backend
@@ -35,6 +34,9 @@ from zarrfeed.store.disktier import DiskTier, open_tier
 from zarrfeed.store.garbage import Sweep
 from zarrfeed.store.keys import check_asset, check_key
 from zarrfeed.store.layout import META
+
+if TYPE_CHECKING:
+    import zarr  # imported by the array modules when one is opened or written
 
 
 class ZarrStore:

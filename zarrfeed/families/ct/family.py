@@ -24,7 +24,7 @@ from zarrfeed.families.ct.tables import UNKNOWN_LABEL, read_ct_rate_labels
 from zarrfeed.families.facts import Picture, Rows
 from zarrfeed.families.family import Extra, Family, HubSource, RawSource, Reader, Stage, Table
 from zarrfeed.families.stages import Checks, Inputs, Step
-from zarrfeed.formats import read_ct, read_nifti_header
+from zarrfeed.formats.ct import read_ct
 from zarrfeed.formats.previews import volume_png
 from zarrfeed.formats.volume import OBLIQUE_TOLERANCE_RAD, ZYX_AXES, Volume, off_axis_angle
 from zarrfeed.sources.catalog import RawItem
@@ -192,6 +192,8 @@ def describe_scan(item: RawItem) -> tuple[dict[str, Any], bool, dict[str, Any]]:
     files = ct_item(item).sources()
     facts: dict[str, Any] = {"files": len(files)}
     if item.kind == "nifti":
+        from zarrfeed.formats.nifti import read_nifti_header  # nibabel: only when described
+
         header = read_nifti_header(item.location)
         facts |= {
             "shape_zyx": str(header.shape),

@@ -6,12 +6,13 @@ Paths passed in and returned are full backend paths (``/abs/root/...`` or ``buck
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import zarr
+from typing import TYPE_CHECKING, Any
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store.backends.errors import disk_problem, redact, refused_credentials
+
+if TYPE_CHECKING:
+    import zarr
 
 
 class Backend:

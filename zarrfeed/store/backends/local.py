@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import zarr
-from zarr.storage import LocalStore
+from typing import TYPE_CHECKING
 
 from zarrfeed.store.backends.base import Backend
+
+if TYPE_CHECKING:
+    import zarr
 
 TEMPORARY = ".tmp"  # suffix of a LocalBackend.write_atomic in progress: <name>.<unix>-<id>.tmp
 
@@ -154,6 +155,8 @@ class LocalBackend(Backend):
         _fsync(os.path.dirname(path))  # the version folder's own entry
 
     def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
+        from zarr.storage import LocalStore  # zarr loads with the first array opened
+
         return LocalStore(path, read_only=read_only)
 
 

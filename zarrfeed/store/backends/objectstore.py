@@ -6,16 +6,17 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
-import zarr
 from fsspec.implementations.local import LocalFileSystem
-from zarr.storage import FsspecStore
 
 from zarrfeed.errors import StoreError
 from zarrfeed.store.backends.base import Backend
 from zarrfeed.store.backends.errors import USERINFO
+
+if TYPE_CHECKING:
+    import zarr
 
 # Only the endpoint decides which server a URL means; credentials never reach an identity.
 _IDENTITY_OPTIONS = ("endpoint_url",)
@@ -185,6 +186,8 @@ class ObjectBackend(Backend):
         return {p: int(e["size"]) for p, e in found.items() if e.get("type") != "directory"}
 
     def zarr_store(self, path: str, read_only: bool) -> zarr.abc.store.Store:
+        from zarr.storage import FsspecStore  # zarr loads with the first array opened
+
         reader = self._reader_fs() if read_only else None
         if reader is not None and reader.async_impl:
             return FsspecStore(reader, read_only=True, path=path)
