@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from zarrfeed.processes import process_alive
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
 
@@ -87,7 +88,8 @@ class ChunkArena:
         )
         self.file_bytes = self._data_at + self.slots * self.slot_bytes
         self.ordered = ORDERED
-        self._pid = -1
+        # this process's mapping and descriptors (of the arena file, one per thread)
+        self._attached = ProcessLocal(self._attach, self._forget_parent, attach_lock)
 
     @property
     def capacity_bytes(self) -> int:
@@ -104,22 +106,23 @@ class ChunkArena:
             "_data_at",
             "file_bytes",
             "ordered",
+            "_attached",
         )
-        return {k: self.__dict__[k] for k in keep} | {"_pid": -1}
+        return {k: self.__dict__[k] for k in keep}
 
     # opening ----------------------------------------------------------------------------------
     def _ensure(self) -> None:
-        if self._pid != os.getpid():
-            with attach_lock():
-                if self._pid != os.getpid():
-                    self._attach()
+        self._attached.get()
 
-    def _attach(self) -> None:
-        """Map the arena in this process (creating it if it does not exist yet)."""
-        if self._pid != -1:  # forked: the parent's descriptors and locks are not ours
-            self.folder.forget()
-            for fd in self._fds:  # copies of the parent's opens: a lock held through them
-                os.close(fd)  # must not outlive the parent
+    def _forget_parent(self, fds: dict[int, threading.Thread]) -> None:
+        """Forked: the parent's descriptors and locks are not ours."""
+        self.folder.forget()
+        for fd in fds:  # copies of the parent's opens: a lock held through them
+            os.close(fd)  # must not outlive the parent
+
+    def _attach(self) -> dict[int, threading.Thread]:
+        """Map the arena in this process (creating it if it does not exist yet); its
+        descriptors."""
         self.folder.open(self.file_bytes)
         self._tls = threading.local()
         self._stat_lock = threading.Lock()
@@ -163,19 +166,19 @@ class ChunkArena:
         self._data = np.frombuffer(self._mm, np.uint8, n * self.slot_bytes, self._data_at)
         self._data = self._data.reshape(n, self.slot_bytes)
         self._rng = np.random.default_rng()
-        self._pid = os.getpid()
+        return self._fds
 
     def close(self) -> None:
         """Unmap the arena and release this process's hold on it (a later use maps it again)."""
         with attach_lock():
-            if self._pid == os.getpid():
+            if self._attached.peek() is not None:
                 self._detach()
 
     def __del__(self) -> None:
         # Dropped without close() (a dataset gone out of scope): its descriptors and mapping
         # go, and its hold on the folder, which would keep any sweep from removing it.
         with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
-            if self._pid == os.getpid():
+            if self._attached.peek() is not None:
                 self._detach()
 
     def _detach(self) -> None:
@@ -187,7 +190,8 @@ class ChunkArena:
             self._mm.close()
         for fd in self._fds:
             os.close(fd)
-        self._fds, self._pid = {}, -1
+        self._fds = {}
+        self._attached.discard()
         self.folder.close()
 
     def _fd(self) -> int:

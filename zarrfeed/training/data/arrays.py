@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from zarrfeed.processes import process_alive
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
 
@@ -71,25 +72,17 @@ class SharedArrayCache:
         self._meta = {"store": name, **(meta or {}), "budget_bytes": self.budget_bytes}
         self._dir = CacheFolder("arrays", digest, self._meta)
         self.folder = self._dir.path
-        self._reset_local()
+        # this process's mappings and descriptors, made when it first uses the cache
+        self._local = ProcessLocal(self._open_here, self._forget_parent, attach_lock)
 
     # pickling and fork: only the name and budget travel; handles are per process ---------
     def __getstate__(self) -> dict:
-        return {
-            "name": self.name,
-            "budget_bytes": self.budget_bytes,
-            "_meta": self._meta,
-            "_dir": self._dir,
-            "folder": self.folder,
-        }
+        keep = ("name", "budget_bytes", "_meta", "_dir", "folder", "_local")
+        return {k: self.__dict__[k] for k in keep}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._dir.forget()
-        self._reset_local()
-
-    def _reset_local(self) -> None:
-        self._pid = os.getpid()
+    def _open_here(self) -> dict[int, threading.Thread]:
+        """Open the folder in this process: its descriptors of the locks file (one per
+        thread) start empty, and so do its mappings."""
         self._mapped: dict[str, np.ndarray] = {}  # read-only views, as callers get them
         self._tensors: dict[str, torch.Tensor] = {}  # the same pages, for fast strided copies
         self._paths: dict[str, str] = {}
@@ -100,42 +93,39 @@ class SharedArrayCache:
         self._epoch = 0
         self._tls = threading.local()
         self._fds: dict[int, threading.Thread] = {}  # each thread's open of the locks file
-        self._opened = False
         self._warned: set[str] = set()
+        self._dir.open(self.budget_bytes)
+        return self._fds
+
+    def _forget_parent(self, fds: dict[int, threading.Thread]) -> None:
+        """Forked: the mappings are inherited, the descriptors are not ours."""
+        self._dir.forget()
+        for fd in fds:  # copies of the parent's opens: a lock held through them
+            os.close(fd)  # must not outlive the parent
 
     def _open(self) -> None:
-        if self._pid == os.getpid() and self._opened:
-            return
-        with attach_lock():
-            if self._pid != os.getpid():  # forked: mappings inherited, descriptors not ours
-                self._dir.forget()
-                for fd in self._fds:  # copies of the parent's opens: a lock held through
-                    os.close(fd)  # them must not outlive the parent
-                self._reset_local()
-            if not self._opened:
-                self._dir.open(self.budget_bytes)
-                self._opened = True
+        self._local.get()
 
     def close(self) -> None:
         """Drop this process's mappings and its hold on the folder (reopened on next use)."""
         with attach_lock():
-            if self._pid != os.getpid():
-                return
-            self._release()
-            self._reset_local()
+            if self._local.discard() is not None:
+                self._release()
 
     def __del__(self) -> None:
         # Dropped without close() (a dataset gone out of scope): its descriptors go, and its
         # hold on the folder, which would keep any sweep from removing it.  Not through
         # close(): the collector may run this inside attach_lock.
         with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
-            if self._pid == os.getpid():
+            if self._local.peek() is not None:
                 self._release()
 
     def _release(self) -> None:
         for fd in self._fds:
             os.close(fd)
         self._fds = {}
+        self._mapped.clear()
+        self._tensors.clear()
         self._dir.close()
 
     def _fd(self) -> int:
@@ -203,8 +193,10 @@ class SharedArrayCache:
         """The cached array for ``key`` if this process has it mapped and it is still
         there (the hot path: no hashing, one ``utime`` for the LRU clock), else None;
         ``reads`` is how many reads it serves (the hits counted)."""
+        if self._local.peek() is None:
+            return None
         arr = self._mapped.get(key)
-        if arr is None or self._pid != os.getpid():
+        if arr is None:
             return None
         self._drop_evicted()
         try:

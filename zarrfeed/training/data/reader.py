@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,6 +33,7 @@ from torch.utils.data import get_worker_info
 
 from zarrfeed.errors import StoreError
 from zarrfeed.processes import usable_cpus
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store import ChunkedArray, ZarrStore
 from zarrfeed.training.data.arena import DECODED, HITS, MASK, MISSES, ChunkArena
 from zarrfeed.training.data.arrays import Fill, SharedArrayCache
@@ -93,7 +94,7 @@ class CachedArrays:
                     MIN_SLOTS,
                     self.url,
                 )
-        self._local: dict[str, Any] = {}
+        self._local = ProcessLocal(_Handles)
 
     @property
     def capacity_bytes(self) -> int:
@@ -102,40 +103,24 @@ class CachedArrays:
             return self.budget_bytes
         return self.arena.capacity_bytes if self.arena.slots >= MIN_SLOTS else 0
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_local": {}}
-
     # per-process handles ----------------------------------------------------------------------
-    def _mine(self) -> dict[str, Any]:
-        if self._local.get("pid") != os.getpid():
-            self._local = {
-                "pid": os.getpid(),
-                "store": None,
-                "pool": None,
-                "arrays": {},
-                "bases": {},
-                "keys": {},
-            }
-        return self._local
-
     def _pool(self, threads: int) -> ThreadPoolExecutor:
-        local = self._mine()
-        if local["pool"] is None or local["pool"][0] != threads:
-            pool = ThreadPoolExecutor(threads, thread_name_prefix="zarrfeed-copy")
-            local["pool"] = (threads, pool)
-        return local["pool"][1]
+        local = self._local.get()
+        if local.pool is None or local.pool[0] != threads:
+            local.pool = (threads, ThreadPoolExecutor(threads, thread_name_prefix="zarrfeed-copy"))
+        return local.pool[1]
 
     @property
     def store(self) -> ZarrStore:
-        local = self._mine()
-        if local["store"] is None:
-            local["store"] = ZarrStore(self.url, self.storage_options)
-        return local["store"]
+        local = self._local.get()
+        if local.store is None:
+            local.store = ZarrStore(self.url, self.storage_options)
+        return local.store
 
     def chunked(self, asset: str, item: int, name: str) -> ChunkedArray:
         """The stored array, pinned to the manifest's version and checked against it (the
         last :data:`HANDLES` opened stay open in each process)."""
-        handles = self._mine()["arrays"]
+        handles = self._local.get().arrays
         found = handles.pop((asset, item, name), None)
         if found is None:
             g = self.groups[asset, name]
@@ -163,7 +148,7 @@ class CachedArrays:
 
     def _base(self, asset: str, item: int, name: str) -> tuple[int, int]:
         """128-bit key of unit 0 of an array; unit ``i`` is ``(hi, lo + i)``."""
-        bases = self._mine()["bases"]
+        bases = self._local.get().bases
         found = bases.get((asset, item, name))
         if found is None:
             unit = ",".join(str(int(u)) for u in self.groups[asset, name].units[item])
@@ -264,7 +249,7 @@ class CachedArrays:
         by_array: dict[tuple[str, int, str], list[tuple[Region, np.ndarray]]] = {}
         for asset, item, name, region, out in requests:
             by_array.setdefault((asset, item, name), []).append((region, out))
-        keys = self._mine()["keys"]
+        keys = self._local.get().keys
         copies: list[tuple[torch.Tensor, Region, np.ndarray]] = []
         for (asset, item, name), regions in by_array.items():
             key = keys.get((asset, item, name))
@@ -470,6 +455,18 @@ class CachedArrays:
     def close(self) -> None:
         """Release this process's hold on the cache; an unused cache can then be swept."""
         (self.entries or self.arena).close()
+
+
+@dataclass
+class _Handles:
+    """What one process opens to read: the store, its copy threads (and how many), the
+    stored arrays it keeps open, and the unit keys and entry keys it worked out."""
+
+    store: ZarrStore | None = None
+    pool: tuple[int, ThreadPoolExecutor] | None = None
+    arrays: dict[tuple[str, int, str], ChunkedArray] = field(default_factory=dict)
+    bases: dict[tuple[str, int, str], tuple[int, int]] = field(default_factory=dict)
+    keys: dict[tuple[str, int, str], str] = field(default_factory=dict)
 
 
 class _Piece(NamedTuple):
