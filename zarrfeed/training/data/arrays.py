@@ -17,6 +17,7 @@ spawned — and DDP ranks on one machine share one copy.  What the kernel holds 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import mmap
@@ -31,16 +32,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.processes import process_alive
 from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
+from zarrfeed.training.data.stats import StatsTable
 
 log = logging.getLogger("zarrfeed.training")
 
-STAT_ROWS = 512  # row 0: eviction epoch; then one row per process (reclaimed from dead pids)
-HITS, MISSES, BYTES_READ, EVICTIONS = range(4)
+STAT_ROWS = 512  # the totals row, then one per process (reused once its process is gone)
+COLUMNS = ("hits", "misses", "bytes_decoded", "evictions")
+EPOCH = "eviction epoch"  # a cell every eviction bumps: others drop their mappings
 INDEX_LOCK = 0  # byte of the locks file guarding eviction and reservations
+STATS_LOCK = 1 + (1 << 48)  # byte guarding the statistics' rows (past every entry's byte)
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,7 @@ class SharedArrayCache:
         self._mapped: dict[str, np.ndarray] = {}  # read-only views, as callers get them
         self._tensors: dict[str, torch.Tensor] = {}  # the same pages, for fast strided copies
         self._paths: dict[str, str] = {}
-        self._stats: np.memmap | None = None
-        self._cells: memoryview | None = None  # the same table, for cheap scalar updates
-        self._count_lock = threading.Lock()
-        self._row = -1
+        self._stats: StatsTable | None = None
         self._epoch = 0
         self._tls = threading.local()
         self._fds: dict[int, threading.Thread] = {}  # each thread's open of the locks file
@@ -139,44 +139,30 @@ class SharedArrayCache:
         return fd
 
     # statistics ------------------------------------------------------------------------------
-    def _stat_table(self) -> np.memmap:
+    def _stat_table(self) -> StatsTable:
         if self._stats is None:
-            path = self.folder / ".stats"
+            path, size = self.folder / ".stats", StatsTable.nbytes(COLUMNS, STAT_ROWS, (EPOCH,))
             with self._locked():
-                if not path.exists() or path.stat().st_size != STAT_ROWS * 5 * 8:
+                if not path.exists() or path.stat().st_size != size:
                     with open(path, "wb", opener=self._dir.access.open) as f:
-                        np.zeros((STAT_ROWS, 5), dtype=np.int64).tofile(f)
-                table = np.memmap(path, dtype=np.int64, mode="r+", shape=(STAT_ROWS, 5))
-                pid = os.getpid()
-                mine = np.flatnonzero(table[1:, 0] == pid)
-                if mine.size:
-                    self._row = int(mine[0]) + 1
-                else:  # a free row, or one of a dead process (its counts still count)
-                    rows = (r for r in range(1, STAT_ROWS) if not process_alive(int(table[r, 0])))
-                    self._row = next(rows, STAT_ROWS - 1)
-                    table[self._row, 0] = pid
-            self._stats = table
-            self._cells = memoryview(table).cast("B").cast("q")
+                        np.zeros(size // 8, dtype=np.int64).tofile(f)
+                words = np.memmap(path, dtype=np.int64, mode="r+", shape=(size // 8,))
+            rows = functools.partial(self._locked, STATS_LOCK)  # counts come under INDEX_LOCK too
+            self._stats = StatsTable(words, COLUMNS, STAT_ROWS, rows, (EPOCH,))
         return self._stats
 
-    def _count(self, column: int, n: int = 1) -> None:
-        self._stat_table()
-        i = self._row * 5 + 1 + column
-        with self._count_lock:  # threads of one process share the row
-            self._cells[i] = self._cells[i] + n
+    def _count(self, column: str, n: int = 1) -> None:
+        self._stat_table().add(column, n)
 
     def stats(self) -> dict[str, int | float]:
         """Hits, misses, bytes decoded, evictions (all processes), entries and bytes held."""
         self._open()
-        totals = self._stat_table()[1:, 1:].sum(axis=0)
+        totals = self._stat_table().totals()
         entries = [e for e in self._entries() if e[0].suffix == ".npy"]
-        lookups = int(totals[HITS] + totals[MISSES])
+        lookups = totals["hits"] + totals["misses"]
         return {
-            "hits": int(totals[HITS]),
-            "misses": int(totals[MISSES]),
-            "hit_rate": float(totals[HITS] / lookups) if lookups else 0.0,
-            "bytes_decoded": int(totals[BYTES_READ]),
-            "evictions": int(totals[EVICTIONS]),
+            **totals,
+            "hit_rate": totals["hits"] / lookups if lookups else 0.0,
             "entries": len(entries),
             "bytes_held": sum(size for _, size, _ in entries),
             "budget_bytes": self.budget_bytes,
@@ -205,7 +191,7 @@ class SharedArrayCache:
             self._forget(key)
             return None
         if reads:
-            self._count(HITS, reads)
+            self._count("hits", reads)
         return arr
 
     def tensor(self, key: str, reads: int = 1) -> torch.Tensor | None:
@@ -244,7 +230,7 @@ class SharedArrayCache:
             os.utime(path)  # LRU clock; raises if the entry was evicted
             if arr is None:
                 arr = self._keep(key, path, _map_npy(path))
-            self._count(HITS)
+            self._count("hits")
             return arr
         except FileNotFoundError:
             self._forget(key)
@@ -256,7 +242,7 @@ class SharedArrayCache:
         fd, byte = self._fd(), self._lock_byte(self._digest(key))
         if not locks.lock(fd, byte, wait=False):  # another process is decoding this key
             if not wait:
-                self._count(MISSES)
+                self._count("misses")
                 return None
             locks.lock(fd, byte)  # returns when that writer is done — or dead
         try:
@@ -267,8 +253,8 @@ class SharedArrayCache:
             fill = load if isinstance(load, Fill) else None
             data = None if fill else np.ascontiguousarray(load())
             nbytes = fill.nbytes if fill else data.nbytes
-            self._count(MISSES)
-            self._count(BYTES_READ, nbytes)
+            self._count("misses")
+            self._count("bytes_decoded", nbytes)
             if nbytes > self.budget_bytes:  # larger than the whole budget: serve it uncached
                 if key not in self._warned:
                     self._warned.add(key)
@@ -339,13 +325,12 @@ class SharedArrayCache:
                     path.unlink()
                     held -= size
                     evicted = True
-                    self._count(EVICTIONS)
+                    self._count("evictions")
         if evicted:
-            self._stat_table()[0, 0] += 1  # the eviction epoch: others drop their mappings
+            self._stat_table().bump(EPOCH)  # the eviction epoch: others drop their mappings
 
     def _drop_evicted(self) -> None:
-        self._stat_table()
-        epoch = self._cells[0]
+        epoch = self._stat_table().cell(EPOCH)
         if epoch != self._epoch:
             self._epoch = epoch
             for key in [k for k in self._mapped if not self._path(k).exists()]:
@@ -359,18 +344,18 @@ class SharedArrayCache:
             gone = [p for p, _, _ in self._entries() if p.suffix == ".npy" and p.name not in wanted]
             for path in gone:
                 path.unlink(missing_ok=True)
-                self._count(EVICTIONS)
+                self._count("evictions")
             if gone:
-                self._stat_table()[0, 0] += 1
+                self._stat_table().bump(EPOCH)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, byte: int = INDEX_LOCK) -> Iterator[None]:
         fd = self._fd()
-        locks.lock(fd, INDEX_LOCK)
+        locks.lock(fd, byte)
         try:
             yield
         finally:
-            locks.unlock(fd, INDEX_LOCK)
+            locks.unlock(fd, byte)
 
     def clear(self) -> None:
         """Drop every entry and the statistics (other processes drop their mappings)."""
@@ -380,8 +365,8 @@ class SharedArrayCache:
                 if path.suffix == ".npy":
                     path.unlink(missing_ok=True)
             table = self._stat_table()
-            table[1:, 1:] = 0
-            table[0, 0] += 1
+            table.reset()
+            table.bump(EPOCH)
         self._mapped.clear()
         self._tensors.clear()
 

@@ -35,7 +35,7 @@ from zarrfeed.errors import StoreError
 from zarrfeed.processes import usable_cpus
 from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store import ChunkedArray, ZarrStore
-from zarrfeed.training.data.arena import DECODED, HITS, MASK, MISSES, ChunkArena
+from zarrfeed.training.data.arena import MASK, ChunkArena
 from zarrfeed.training.data.arrays import Fill, SharedArrayCache
 from zarrfeed.training.data.shm import CacheFolder
 from zarrfeed.training.data.units import Region, UnitIndex, clip
@@ -236,7 +236,7 @@ class CachedArrays:
         for attempt in range(ROUNDS):
             left = self._copy_pieces(pieces, threads)
             if not attempt:
-                arena.count(HITS, len(pieces) - len(left))
+                arena.count("hits", len(pieces) - len(left))
             if not left:
                 return
             self._fetch(left)
@@ -369,8 +369,8 @@ class CachedArrays:
                     part = tuple(slice(0, r.stop - r.start) for r in region)
                     data.read_region_into(region, view[part], threads=1)
             decoded += len(units) * views[0].nbytes
-        arena.count(MISSES, len(work))
-        arena.count(DECODED, decoded)
+        arena.count("misses", len(work))
+        arena.count("bytes_decoded", decoded)
 
     def prefetch(
         self,
