@@ -48,7 +48,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from zarrfeed import cachedirs
+from zarrfeed.eviction import victims
 from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store.backends import write_file_atomic
 
@@ -349,14 +352,14 @@ class DiskTier:
     def _evict(self, target: int) -> int:
         """Remove least recently used entries until at most ``target`` bytes are held;
         returns the bytes held then."""
-        entries = sorted(self._entries())
-        held = sum(size for _, size, _ in entries)
-        for _, size, path in entries:
-            if held <= target:
-                break
+        entries = self._entries()
+        sizes = np.array([size for _, size, _ in entries], np.int64)
+        held = int(sizes.sum())
+        used = np.array([used for used, _, _ in entries], np.float64)
+        for i in victims(used, held - target, sizes=sizes).tolist():
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            held -= size
+                os.unlink(entries[i][2])
+            held -= int(sizes[i])
         return held
 
     def held_bytes(self) -> int:

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from zarrfeed.eviction import victims
 from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
@@ -433,17 +434,9 @@ class ChunkArena:
         """Up to ``n`` slots not being written, least recently used first (free ones are)."""
         if not n or not self.slots:
             return []
-        if self.slots <= SAMPLE:
-            candidates = np.arange(self.slots)
-        else:
-            candidates = np.unique(self._rng.integers(0, self.slots, max(SAMPLE, 64 * n)))
-        age = self._used_np[candidates].copy()
-        age[(self._gen_np[candidates] & 1) == 1] = np.iinfo(np.uint64).max
-        n = min(n, int(np.count_nonzero(age != np.iinfo(np.uint64).max)))
-        if not n:
-            return []
-        picked = np.argpartition(age, n - 1)[:n] if n < len(age) else np.arange(len(age))
-        return candidates[picked[np.argsort(age[picked])]].tolist()
+        sample = max(SAMPLE, 64 * n) if self.slots > SAMPLE else None
+        writing = (self._gen_np & 1) == 1
+        return victims(self._used_np, n, protected=writing, sample=sample, rng=self._rng).tolist()
 
     def publish(self, claimed: Sequence[tuple[Key, int]]) -> None:
         """Make filled slots readable and release them."""

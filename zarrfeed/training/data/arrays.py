@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.eviction import victims
 from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
@@ -316,16 +317,15 @@ class SharedArrayCache:
                 path.unlink(missing_ok=True)  # no live writer holds its key
                 continue
             entries.append((path, size, used))
-        held = sum(size for _, size, _ in entries)
-        for path, size, _ in sorted(entries, key=lambda e: e[2]):
-            if held <= keep_bytes:
-                break
-            if path.suffix == ".npy":
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    held -= size
-                    evicted = True
-                    self._count("evictions")
+        sizes = np.array([size for _, size, _ in entries], np.int64)
+        need = int(sizes.sum()) - keep_bytes
+        writing = np.array([path.suffix == ".tmp" for path, _, _ in entries], bool)
+        used = np.array([used for _, _, used in entries], np.float64)
+        for i in victims(used, need, sizes=sizes, protected=writing).tolist():
+            with contextlib.suppress(FileNotFoundError):
+                entries[i][0].unlink()
+                evicted = True
+                self._count("evictions")
         if evicted:
             self._stat_table().bump(EPOCH)  # the eviction epoch: others drop their mappings
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.eviction import victims
 from zarrfeed.training.data.device.common import (
     CutSource,
     along,
@@ -141,17 +142,18 @@ class DeviceSlots(CutSource):
         free = np.flatnonzero(self._unit_in < 0)
         if len(free) < n:
             taken = np.flatnonzero(self._unit_in >= 0)
-            taken = taken[self._last_use[taken] < self._clock]  # never the current batch's
+            used = self._last_use[taken]
             kept = self._keep[self._unit_in[taken]]
-            if spare_kept:
-                taken, kept = taken[~kept], kept[~kept]
-            victims = taken[np.lexsort((self._last_use[taken], kept))][: n - len(free)]
-            gone = self._unit_in[victims]
+            current = used >= self._clock  # never the current batch's
+            protected = current | kept if spare_kept else current
+            chosen = victims(used, n - len(free), priority=kept, protected=protected)
+            gone_slots = taken[chosen]
+            gone = self._unit_in[gone_slots]
             self._slot_of[gone] = -1
-            self._unit_in[victims] = -1
+            self._unit_in[gone_slots] = -1
             self._slot_of_dev[to_device(gone, self.device)] = -1
-            self.stats.evictions += len(victims)
-            free = np.sort(np.concatenate([free, victims]))
+            self.stats.evictions += len(gone_slots)
+            free = np.sort(np.concatenate([free, gone_slots]))
         return free[:n]
 
     def _advance(self) -> None:
