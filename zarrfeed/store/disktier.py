@@ -104,7 +104,8 @@ class DiskTier:
         self._access = cachedirs.access()
         cachedirs.check_base(self.folder.parent)
         self._access.ensure(self.folder)
-        self.hits = self.misses = self.discarded = 0  # this process's
+        # this process's: reads served and not, torn entries dropped, bytes kept, evictions
+        self.hits = self.misses = self.discarded = self.bytes_kept = self.evictions = 0
         # Entries handed to the writers and not yet renamed into place: served from here.
         self._pending: dict[str, bytes] = {}
         self._pending_total = 0
@@ -115,6 +116,11 @@ class DiskTier:
         self._writers = ProcessLocal(self._start_writers)
         self._readers = ProcessLocal(partial(ThreadPoolExecutor, READERS, "zarrfeed-tier"))
         self._thread_lock = ProcessLocal(threading.Lock)  # a forked child's starts free
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of chunks it can hold at once: its whole budget."""
+        return self.budget_bytes
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "budget_bytes": self.budget_bytes}
@@ -233,6 +239,7 @@ class DiskTier:
                 self._access.mkdir(os.path.dirname(path))
             write_file_atomic(path, tmp, header, payload, durable=False, opener=self._access.open)
         self._remember(key)
+        self.bytes_kept += len(payload)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Publish entries in the background (a reader does not wait for the disk);
@@ -356,10 +363,12 @@ class DiskTier:
         sizes = np.array([size for _, size, _ in entries], np.int64)
         held = int(sizes.sum())
         used = np.array([used for used, _, _ in entries], np.float64)
-        for i in victims(used, held - target, sizes=sizes).tolist():
+        chosen = victims(used, held - target, sizes=sizes).tolist()
+        for i in chosen:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entries[i][2])
             held -= int(sizes[i])
+        self.evictions += len(chosen)
         return held
 
     def held_bytes(self) -> int:
@@ -367,12 +376,20 @@ class DiskTier:
         return self._scan_bytes()
 
     def stats(self) -> dict[str, int | str]:
+        """The entries and bytes held (counted from the files, every process's), and this
+        process's hits, misses, bytes kept (``bytes_decoded``: what its misses brought in,
+        fetched rather than decoded) and evictions."""
         entries = self._entries()
         return {
-            "folder": str(self.folder),
+            "hits": self.hits,
+            "misses": self.misses,
+            "bytes_decoded": self.bytes_kept,
+            "evictions": self.evictions,
+            "discarded": self.discarded,
             "entries": len(entries),
-            "bytes": sum(size for _, size, _ in entries),
+            "bytes_held": sum(size for _, size, _ in entries),
             "budget_bytes": self.budget_bytes,
+            "folder": str(self.folder),
         }
 
     def clear(self) -> None:
@@ -385,6 +402,14 @@ class DiskTier:
                     shutil.rmtree(sub.path, ignore_errors=True)
             self._write_count(_USAGE, 0)
             self._evicted()
+
+    def close(self) -> None:
+        """Finish this process's writes and stop its threads (started again on next use)."""
+        self.flush()
+        for pools in (self._writers, self._readers):
+            pool = pools.discard()
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 def _verified(data: bytes) -> memoryview | None:

@@ -464,12 +464,17 @@ class ChunkArena:
             self._stats.add(column, n)
 
     def stats(self) -> dict[str, int]:
+        """Hits, misses, bytes decoded, evictions and waits (every process's), the slots
+        holding a unit, and the bytes they hold."""
         self._ensure()
         stable = (self._gen_np & 1) == 0
         keyed = (self._hi_np != 0) | (self._lo_np != 0)
+        entries = int(np.count_nonzero(keyed & stable))
         return {
             **self._stats.totals(),
-            "entries": int(np.count_nonzero(keyed & stable)),
+            "entries": entries,
+            "bytes_held": entries * self.slot_bytes,
+            "budget_bytes": self.budget_bytes,
             "slots": self.slots,
         }
 

@@ -79,6 +79,11 @@ class SharedArrayCache:
         # this process's mappings and descriptors, made when it first uses the cache
         self._local = ProcessLocal(self._open_here, self._forget_parent, attach_lock)
 
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of arrays it can hold at once: its whole budget."""
+        return self.budget_bytes
+
     # pickling and fork: only the name and budget travel; handles are per process ---------
     def __getstate__(self) -> dict:
         keep = ("name", "budget_bytes", "_meta", "_dir", "folder", "_local")

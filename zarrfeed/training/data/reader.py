@@ -443,8 +443,6 @@ class CachedArrays:
         return {
             **found,
             "hit_rate": found["hits"] / lookups if lookups else 0.0,
-            "bytes_held": found["entries"] * self.arena.slot_bytes,
-            "budget_bytes": self.budget_bytes,
             "regime": f"out of core ({self.unit_bytes / 2**20:.2f} MiB units)",
         }
 
