@@ -33,6 +33,7 @@ from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.protocols import WorkerSettings
 from zarrfeed.training.data.reader import CachedArrays, Region
+from zarrfeed.training.data.regimes import cached_arrays
 from zarrfeed.training.data.ring import RELEASE, BatchRing
 
 GB = 1 << 30
@@ -202,7 +203,7 @@ class StoreDataset(Dataset):
     @cached_property
     def cache(self) -> CachedArrays:
         """The decoded arrays (in RAM when they fit ``cache_gb``, else chunk by chunk)."""
-        return CachedArrays(self.store, self.sources(), self.budget_bytes)
+        return cached_arrays(self.store, self.sources(), self.budget_bytes)
 
     def sources(self) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         """Asset → (manifest partitions, cached array names)."""
