@@ -82,7 +82,7 @@ from zarrfeed.training.data.device import DevicePatches, pool_layout
 from zarrfeed.training.data.epochs import Tag
 from zarrfeed.training.data.feed import Feed
 from zarrfeed.training.data.loader import batch_len
-from zarrfeed.training.data.reader import MIN_SLOTS
+from zarrfeed.training.data.outofcore import MIN_SLOTS
 from zarrfeed.training.runtime import amp_policy, make_optimizer
 from zarrfeed.training.step import Batches, Stepped, Stepper
 from zarrfeed.training.tasks import make_task

@@ -146,7 +146,7 @@ def test_the_slot_pool_keeps_the_augmentation_scratch_within_its_budget(store):
             peaks.append(live.peak)
     assert max(peaks) <= pool.layout.augment
     assert max(peaks) > BATCH * 32**3 * 2  # it did allocate: the count is not vacuous
-    assert max(pool.stats.history) <= pool.slots
+    assert max(pool.counts.history) <= pool.slots
 
 
 def test_the_training_config_declares_the_augmentation(tmp_path):

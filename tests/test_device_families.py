@@ -110,7 +110,7 @@ def test_a_slot_pool_cuts_every_array_of_a_family_under_eviction(built, family):
             want = collate(ds)([ds[int(index)]])
             same([((0,), want)], [((0,), pool.batch(np.array([index])))])
         same([((0,), held.batch(order))], [((0,), collate(ds)([ds[int(i)] for i in order]))])
-    assert pool.stats.evictions > 0 and max(pool.stats.history) <= pool.slots
+    assert pool.counts.evictions > 0 and max(pool.counts.history) <= pool.slots
 
 
 def test_what_the_device_tier_cannot_serve_is_refused_with_its_reason(built):

@@ -19,7 +19,8 @@ from zarrfeed.datasets import build_manifest
 from zarrfeed.store import ZarrStore
 from zarrfeed.store import disktier as tiers
 from zarrfeed.store.disktier import DiskTier
-from zarrfeed.training.data.reader import CachedArrays
+from zarrfeed.training.data.outofcore import OutOfCoreArrays
+from zarrfeed.training.data.regimes import cached_arrays
 
 BUCKET = "zarrfeed-tier"
 ASSET = "ct/windows"
@@ -211,8 +212,8 @@ def test_a_second_epoch_reads_nothing_from_the_bucket(weed, tier_env, monkeypatc
     data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
     partitions = build_manifest(store, ASSET)["partitions"]
     # Out of core: an arena of 16 chunks for 32 stored ones, so every epoch decodes again.
-    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
-    assert cache.arena is not None and not cache.in_ram
+    cache = cached_arrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    assert isinstance(cache, OutOfCoreArrays) and not cache.in_ram
     try:
         for item, key in enumerate(data):  # epoch 1: the chunks come from the bucket
             np.testing.assert_array_equal(cache.array(ASSET, item, "lung"), data[key])
@@ -247,8 +248,8 @@ def test_reading_a_block_ahead_fills_the_tier_not_the_arena(weed, tier_env, monk
     store = s3_store(weed)
     data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
     partitions = build_manifest(store, ASSET)["partitions"]
-    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
-    assert cache.arena is not None  # out of core: units are the stored chunks
+    cache = cached_arrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    assert isinstance(cache, OutOfCoreArrays)  # out of core: units are the stored chunks
     try:
         ahead = cache.units.whole_units(ASSET, ["lung"], np.array([1]))  # scan_1's 8 units
         got = counting_gets(cache.store, monkeypatch)
@@ -306,13 +307,13 @@ def test_a_worker_forked_while_the_lock_is_held_does_not_wait_forever(tmp_path):
     assert tier.get("ef" * 16) == b"e" * 1000
 
 
-def out_of_core(weed) -> tuple[CachedArrays, np.ndarray, dict[str, np.ndarray]]:
+def out_of_core(weed) -> tuple[OutOfCoreArrays, np.ndarray, dict[str, np.ndarray]]:
     """A RAM cache over 4 scans committed in the bucket, beyond its budget (out of core); the
     units of scan 1 (what a block sampler reads ahead); each scan's data."""
     store = s3_store(weed)
     data = {f"scan_{i}": commit(store, f"scan_{i}", i) for i in range(4)}
     partitions = build_manifest(store, ASSET)["partitions"]
-    cache = CachedArrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
+    cache = cached_arrays(store, {ASSET: (partitions, ["lung"])}, budget_bytes=16 * 16**3 * 4)
     return cache, cache.units.whole_units(ASSET, ["lung"], np.array([1])), data
 
 

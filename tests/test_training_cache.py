@@ -439,7 +439,7 @@ def test_epochs_of_prefetch_threads_leave_no_descriptors_behind(ct_store, gb):
                 thread.join()
         if ds.cache.in_ram:
             ds.cache.clear()  # every pass decodes again
-        held.append(len((ds.cache.entries or ds.cache.arena)._fds))
+        held.append(len(ds.cache.tier._fds))
     # this thread's open and the last pass's thread's (closed by the next thread's open)
     assert max(held) <= 2, held
 

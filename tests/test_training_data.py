@@ -216,12 +216,15 @@ def test_errors_name_the_store_asset_and_partition(built, tmp_path):
         ds[int(np.flatnonzero(ds.items == 1)[0])]
 
 
-def test_pid_change_reopens_store(built):
+def test_a_forked_child_opens_its_own_store(built):
     store, _ = built
     ds = CTPatchDataset(store, cache_gb=0.01)
     first = ds.store
-    ds._pid = os.getpid() + 1  # as after a fork
-    assert ds.store is not first
+    pid = os.fork()
+    if pid == 0:  # the child: a store of its own, kept for its next use
+        os._exit(0 if ds.store is not first and ds.store is ds.store else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert ds.store is first
 
 
 def test_autotune_measures_and_remembers(built, tmp_path):

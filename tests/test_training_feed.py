@@ -148,7 +148,7 @@ def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
         got = pool.batch(indices)
         for row, index in enumerate(indices):
             np.testing.assert_array_equal(got["image"][row, 0].numpy(), expected(ds, int(index)))
-    stats = pool.stats
+    stats = pool.counts
     assert stats.evictions > 0 and stats.uploads > pool.slots  # the pool did cycle
     assert max(stats.history) <= pool.slots and pool.resident() <= pool.slots
     assert pool.pool.untyped_storage().nbytes() == storage  # nothing grew
@@ -187,7 +187,7 @@ def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
             yield keys.tags.popleft(), batch
 
     same(take(Feed(produce, CPU, chain.per_epoch), 2 * per_epoch + 3), got)
-    stats = pool.stats
+    stats = pool.counts
     assert stats.evictions > 0 and max(stats.history) <= pool.slots == 24
     assert pool.layout.total <= budget
     # every unit came up ahead of its block but the first block's (blocks are whole batches)

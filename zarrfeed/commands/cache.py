@@ -42,8 +42,9 @@ def main(args: argparse.Namespace) -> int:
         if tier is not None:
             t = tier.stats()
             print(
-                f"{DISK}  disk tier {int(t['bytes']) / 1e9:.3f} GB of {tier.budget_bytes / 1e9:.3f}"
-                f" GB in {t['entries']} chunks  {t['folder']} (chunks fetched from object stores)"
+                f"{DISK}  disk tier {int(t['bytes_held']) / 1e9:.3f} GB of "
+                f"{tier.budget_bytes / 1e9:.3f} GB in {t['entries']} chunks  {t['folder']} "
+                "(chunks fetched from object stores)"
             )
         return 0
     if not args.all and not args.names:

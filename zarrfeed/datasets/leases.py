@@ -17,9 +17,11 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfeed.errors import ZarrfeedError
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.layout import meta
@@ -95,35 +97,42 @@ class Lease:
             self.backend.remove(self.path)
 
 
+@dataclass
+class _Renewing:
+    """One process's leases and the thread renewing them."""
+
+    leases: set[Lease] = field(default_factory=set)
+    thread: threading.Thread | None = None
+
+
 class _Renewer:
     """One daemon thread per process renewing its leases.  A forked child inherits the
     set but not the thread, and renews nothing: its parent's leases are the parent's."""
 
     def __init__(self) -> None:
-        self.leases: set[Lease] = set()
         self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-        self.pid = os.getpid()
+        self.mine = ProcessLocal(_Renewing)
 
     def add(self, lease: Lease) -> None:
         with self.lock:
-            if self.pid != os.getpid():  # a forked child taking a lease of its own
-                self.leases, self.thread, self.pid = set(), None, os.getpid()
-            self.leases.add(lease)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="zarrfeed-leases",
-                                               daemon=True)  # fmt: skip
-                self.thread.start()
+            mine = self.mine.get()  # a forked child taking a lease of its own starts afresh
+            mine.leases.add(lease)
+            if mine.thread is None:
+                mine.thread = threading.Thread(target=self._run, args=(mine,),
+                                               name="zarrfeed-leases", daemon=True)  # fmt: skip
+                mine.thread.start()
 
     def discard(self, lease: Lease) -> None:
         with self.lock:
-            self.leases.discard(lease)
+            mine = self.mine.peek()
+            if mine is not None:
+                mine.leases.discard(lease)
 
-    def _run(self) -> None:
+    def _run(self, mine: _Renewing) -> None:
         while True:
             time.sleep(RENEW_S)
             with self.lock:
-                leases = list(self.leases) if self.pid == os.getpid() else []
+                leases = list(mine.leases)
             for lease in leases:
                 with contextlib.suppress(ZarrfeedError, OSError):
                     lease.renew()

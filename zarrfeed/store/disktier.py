@@ -45,9 +45,14 @@ import time
 import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from zarrfeed import cachedirs
+from zarrfeed.eviction import victims
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store.backends import write_file_atomic
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,7 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct("<4sIQ")  # magic, CRC-32 of the payload, payload length
 MAGIC = b"ZFT1"
 LOW_WATER = 0.9  # an eviction frees down to this share of the budget
+READERS = 64  # reader threads per process at most (a read starts only as many as it uses)
 WRITERS = 1  # background writer threads per process (measured: 4 slowed a cold read by 20-40 %)
 PENDING_BYTES = 256 << 20  # entries on their way to the disk, per process, at most
 DEFAULT_GB = 20.0
@@ -98,7 +104,8 @@ class DiskTier:
         self._access = cachedirs.access()
         cachedirs.check_base(self.folder.parent)
         self._access.ensure(self.folder)
-        self.hits = self.misses = self.discarded = 0  # this process's
+        # this process's: reads served and not, torn entries dropped, bytes kept, evictions
+        self.hits = self.misses = self.discarded = self.bytes_kept = self.evictions = 0
         # Entries handed to the writers and not yet renamed into place: served from here.
         self._pending: dict[str, bytes] = {}
         self._pending_total = 0
@@ -106,9 +113,14 @@ class DiskTier:
         self._known: set[str] = set()
         self._known_at = self._evictions()
         self._room = threading.Condition()
-        self._writers: tuple[int, ThreadPoolExecutor] | None = None
-        self._readers: tuple[int, ThreadPoolExecutor] | None = None
-        self._thread_lock = (os.getpid(), threading.Lock())
+        self._writers = ProcessLocal(self._start_writers)
+        self._readers = ProcessLocal(partial(ThreadPoolExecutor, READERS, "zarrfeed-tier"))
+        self._thread_lock = ProcessLocal(threading.Lock)  # a forked child's starts free
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of chunks it can hold at once: its whole budget."""
+        return self.budget_bytes
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "budget_bytes": self.budget_bytes}
@@ -186,18 +198,10 @@ class DiskTier:
         if len(keys) <= 1 or threads <= 1:
             return [self.get(k) for k in keys]
         size = -(-len(keys) // threads)  # one slice per thread, not one task per key
-        parts = self._pool("_readers", threads).map(
+        parts = self._readers.get().map(
             lambda i: [self.get(k) for k in keys[i : i + size]], range(0, len(keys), size)
         )
         return [data for part in parts for data in part]
-
-    def _pool(self, name: str, threads: int) -> ThreadPoolExecutor:
-        """This process's pool ``name`` (a forked child makes its own)."""
-        found = getattr(self, name)
-        if found is None or found[0] != os.getpid():
-            found = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="zarrfeed-tier"))
-            setattr(self, name, found)
-        return found[1]
 
     # writing ---------------------------------------------------------------------------------
     def put(self, key: str, payload: bytes) -> None:
@@ -235,18 +239,13 @@ class DiskTier:
                 self._access.mkdir(os.path.dirname(path))
             write_file_atomic(path, tmp, header, payload, durable=False, opener=self._access.open)
         self._remember(key)
+        self.bytes_kept += len(payload)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Publish entries in the background (a reader does not wait for the disk);
         waits only while :data:`PENDING_BYTES` are already on their way.  Until an entry is
         in place, :meth:`get` serves it from memory."""
-        if self._writers is None or self._writers[0] != os.getpid():  # or a forked copy's
-            self._pending, self._pending_total = {}, 0
-            self._room = threading.Condition()
-            # A DataLoader worker leaves through multiprocessing's exit, which skips the
-            # interpreter's: the writes still on their way are finished then.
-            multiprocessing.util.Finalize(self, self.flush, exitpriority=10)
-        writers = self._pool("_writers", WRITERS)
+        writers = self._writers.get()
         batch: list[tuple[str, bytes]] = []
         for key, payload in items:
             with self._room:
@@ -264,6 +263,16 @@ class DiskTier:
             batch.append((key, payload))
         if batch:
             writers.submit(self._write_pending, batch)
+
+    def _start_writers(self) -> ThreadPoolExecutor:
+        """This process's writer threads, with no entries on their way yet (a forked child
+        inherits its parent's pending entries, not the threads writing them)."""
+        self._pending, self._pending_total = {}, 0
+        self._room = threading.Condition()
+        # A DataLoader worker leaves through multiprocessing's exit, which skips the
+        # interpreter's: the writes still on their way are finished then.
+        multiprocessing.util.Finalize(self, self.flush, exitpriority=10)
+        return ThreadPoolExecutor(WRITERS, thread_name_prefix="zarrfeed-tier")
 
     def _write_pending(self, batch: list[tuple[str, bytes]]) -> None:
         try:
@@ -291,10 +300,8 @@ class DiskTier:
         it does not inherit it (an ``flock`` would stay held by the child's copy of the
         descriptor, and every process would wait for it forever) — and the thread lock is
         made again in a forked child for the same reason."""
-        if self._thread_lock[0] != os.getpid():
-            self._thread_lock = (os.getpid(), threading.Lock())
         opener = self._access.open
-        with self._thread_lock[1], open(self.folder / _LOCK, "a+b", opener=opener) as lock:
+        with self._thread_lock.get(), open(self.folder / _LOCK, "a+b", opener=opener) as lock:
             fcntl.lockf(lock, fcntl.LOCK_EX)
             yield
 
@@ -352,14 +359,16 @@ class DiskTier:
     def _evict(self, target: int) -> int:
         """Remove least recently used entries until at most ``target`` bytes are held;
         returns the bytes held then."""
-        entries = sorted(self._entries())
-        held = sum(size for _, size, _ in entries)
-        for _, size, path in entries:
-            if held <= target:
-                break
+        entries = self._entries()
+        sizes = np.array([size for _, size, _ in entries], np.int64)
+        held = int(sizes.sum())
+        used = np.array([used for used, _, _ in entries], np.float64)
+        chosen = victims(used, held - target, sizes=sizes).tolist()
+        for i in chosen:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            held -= size
+                os.unlink(entries[i][2])
+            held -= int(sizes[i])
+        self.evictions += len(chosen)
         return held
 
     def held_bytes(self) -> int:
@@ -367,12 +376,20 @@ class DiskTier:
         return self._scan_bytes()
 
     def stats(self) -> dict[str, int | str]:
+        """The entries and bytes held (counted from the files, every process's), and this
+        process's hits, misses, bytes kept (``bytes_decoded``: what its misses brought in,
+        fetched rather than decoded) and evictions."""
         entries = self._entries()
         return {
-            "folder": str(self.folder),
+            "hits": self.hits,
+            "misses": self.misses,
+            "bytes_decoded": self.bytes_kept,
+            "evictions": self.evictions,
+            "discarded": self.discarded,
             "entries": len(entries),
-            "bytes": sum(size for _, size, _ in entries),
+            "bytes_held": sum(size for _, size, _ in entries),
             "budget_bytes": self.budget_bytes,
+            "folder": str(self.folder),
         }
 
     def clear(self) -> None:
@@ -385,6 +402,14 @@ class DiskTier:
                     shutil.rmtree(sub.path, ignore_errors=True)
             self._write_count(_USAGE, 0)
             self._evicted()
+
+    def close(self) -> None:
+        """Finish this process's writes and stop its threads (started again on next use)."""
+        self.flush()
+        for pools in (self._writers, self._readers):
+            pool = pools.discard()
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 def _verified(data: bytes) -> memoryview | None:

@@ -12,6 +12,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from zarrfeed.errors import StoreError
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store.backends.base import Backend
 from zarrfeed.store.backends.errors import USERINFO
 
@@ -88,7 +89,7 @@ class ObjectBackend(Backend):
         s3 = fsspec.core.split_protocol(url)[0] in ("s3", "s3a")
         # Options of a read that is one GET of the object (see ONE_GET).
         self._one_get: dict[str, Any] = dict(ONE_GET) if s3 else {}
-        self._reader: tuple[int, Any] | None = None  # (pid, async filesystem) for zarr
+        self._reader = ProcessLocal(self._new_reader)  # the async filesystem zarr reads through
 
     def location(self, path: str) -> str:
         return self.fs.unstrip_protocol(path)
@@ -201,12 +202,11 @@ class ObjectBackend(Backend):
         fsspec caches a filesystem per thread, so each thread that opened an array made
         its own S3 client (about 30 ms of CPU, and new connections); readers read metadata
         objects only (chunks come through :meth:`read_many`), one GET each."""
-        found = self._reader
-        if found is None or found[0] != os.getpid():  # a forked child makes its own
-            options = {**self._options, **self._one_get, "asynchronous": True}
-            fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
-            found = self._reader = (os.getpid(), fs)
-        return found[1]
+        return self._reader.get()
+
+    def _new_reader(self) -> Any:
+        options = {**self._options, **self._one_get, "asynchronous": True}
+        return fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)[0]
 
 
 def _with_defaults(url: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from zarrfeed.training.data.patches import (
 )
 from zarrfeed.training.data.plan import LoaderPlan, LoadingPlan, plan_loader, plan_loading
 from zarrfeed.training.data.reader import CachedArrays
+from zarrfeed.training.data.regimes import cached_arrays
 from zarrfeed.training.data.sampler import BlockSampler, ResumableSampler, make_sampler
 from zarrfeed.training.data.tuning import autotune, measure, recommend
 
@@ -31,6 +32,7 @@ __all__ = [
     "StoredPatches",
     "UniformPatches",
     "autotune",
+    "cached_arrays",
     "collate_batch",
     "make_loader",
     "make_sampler",

@@ -35,16 +35,19 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from zarrfeed.processes import process_alive
+from zarrfeed.eviction import victims
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
+from zarrfeed.training.data.stats import StatsTable
 
 Key = tuple[int, int]
 
 MAGIC = 0x31414E4552414652  # "RFARENA1"
 HEADER = 4096
-STAT_ROWS, STAT_COLS = 256, 6  # pid, hits, misses, bytes decoded, evictions, waits
-HITS, MISSES, DECODED, EVICTIONS, WAITS = range(1, 6)
+STAT_ROWS = 256  # the totals row, then one per process (reused once its process is gone)
+COLUMNS = ("hits", "misses", "bytes_decoded", "evictions", "waits")
+STATS_BYTES = StatsTable.nbytes(COLUMNS, STAT_ROWS)
 H_MAGIC, H_SLOTS, H_SLOT_BYTES, H_TABLE, H_DIRTY = range(5)
 META_PER_SLOT = 4 * 8 + 2 * 8  # key hi, key lo, generation, last use; two table buckets
 INDEX_LOCK = 0  # byte 0; slot s is byte 1 + s
@@ -56,7 +59,7 @@ ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 def geometry(budget_bytes: int, slot_bytes: int) -> tuple[int, int, int, int]:
     """(slots, hash-table buckets, offset of the slot metadata, offset of the slots) of an
     arena file of at most ``budget_bytes``."""
-    fixed = HEADER + STAT_ROWS * STAT_COLS * 8
+    fixed = HEADER + STATS_BYTES
     slots = max(0, (budget_bytes - fixed - mmap.PAGESIZE) // (slot_bytes + META_PER_SLOT))
     buckets = 1 << max(1, (2 * slots - 1).bit_length())
     while slots and _data_offset(fixed, slots, buckets) + slots * slot_bytes > budget_bytes:
@@ -87,7 +90,8 @@ class ChunkArena:
         )
         self.file_bytes = self._data_at + self.slots * self.slot_bytes
         self.ordered = ORDERED
-        self._pid = -1
+        # this process's mapping and descriptors (of the arena file, one per thread)
+        self._attached = ProcessLocal(self._attach, self._forget_parent, attach_lock)
 
     @property
     def capacity_bytes(self) -> int:
@@ -104,26 +108,25 @@ class ChunkArena:
             "_data_at",
             "file_bytes",
             "ordered",
+            "_attached",
         )
-        return {k: self.__dict__[k] for k in keep} | {"_pid": -1}
+        return {k: self.__dict__[k] for k in keep}
 
     # opening ----------------------------------------------------------------------------------
     def _ensure(self) -> None:
-        if self._pid != os.getpid():
-            with attach_lock():
-                if self._pid != os.getpid():
-                    self._attach()
+        self._attached.get()
 
-    def _attach(self) -> None:
-        """Map the arena in this process (creating it if it does not exist yet)."""
-        if self._pid != -1:  # forked: the parent's descriptors and locks are not ours
-            self.folder.forget()
-            for fd in self._fds:  # copies of the parent's opens: a lock held through them
-                os.close(fd)  # must not outlive the parent
+    def _forget_parent(self, fds: dict[int, threading.Thread]) -> None:
+        """Forked: the parent's descriptors and locks are not ours."""
+        self.folder.forget()
+        for fd in fds:  # copies of the parent's opens: a lock held through them
+            os.close(fd)  # must not outlive the parent
+
+    def _attach(self) -> dict[int, threading.Thread]:
+        """Map the arena in this process (creating it if it does not exist yet); its
+        descriptors."""
         self.folder.open(self.file_bytes)
         self._tls = threading.local()
-        self._stat_lock = threading.Lock()
-        self._row = -1
         self._hint: dict[Key, int] = {}
         self._views: dict[tuple[int, str, tuple[int, ...]], np.ndarray] = {}
         path = self.folder.path / "arena"
@@ -150,7 +153,7 @@ class ChunkArena:
         mv = memoryview(self._mm)
         n, at = self.slots, self._meta_at
         self._head = mv[:HEADER].cast("Q")
-        self._stats = mv[HEADER : HEADER + STAT_ROWS * STAT_COLS * 8].cast("Q")
+        self._stats = StatsTable(mv[HEADER : HEADER + STATS_BYTES], COLUMNS, STAT_ROWS, self._index)
         self._key_hi = mv[at : at + 8 * n].cast("Q")
         self._key_lo = mv[at + 8 * n : at + 16 * n].cast("Q")
         self._gen = mv[at + 16 * n : at + 24 * n].cast("Q")
@@ -163,23 +166,24 @@ class ChunkArena:
         self._data = np.frombuffer(self._mm, np.uint8, n * self.slot_bytes, self._data_at)
         self._data = self._data.reshape(n, self.slot_bytes)
         self._rng = np.random.default_rng()
-        self._pid = os.getpid()
+        return self._fds
 
     def close(self) -> None:
         """Unmap the arena and release this process's hold on it (a later use maps it again)."""
         with attach_lock():
-            if self._pid == os.getpid():
+            if self._attached.peek() is not None:
                 self._detach()
 
     def __del__(self) -> None:
         # Dropped without close() (a dataset gone out of scope): its descriptors and mapping
         # go, and its hold on the folder, which would keep any sweep from removing it.
         with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
-            if self._pid == os.getpid():
+            if self._attached.peek() is not None:
                 self._detach()
 
     def _detach(self) -> None:
-        for name in ("_head", "_stats", "_key_hi", "_key_lo", "_gen", "_used", "_table"):
+        self._stats.release()
+        for name in ("_head", "_key_hi", "_key_lo", "_gen", "_used", "_table"):
             getattr(self, name).release()
         self._gen_np = self._used_np = self._hi_np = self._lo_np = self._data = None
         self._views.clear()
@@ -187,7 +191,8 @@ class ChunkArena:
             self._mm.close()
         for fd in self._fds:
             os.close(fd)
-        self._fds, self._pid = {}, -1
+        self._fds = {}
+        self._attached.discard()
         self.folder.close()
 
     def _fd(self) -> int:
@@ -383,7 +388,7 @@ class ChunkArena:
         fd = self._fd()
         locks.lock(fd, 1 + s, exclusive=False)  # granted when the writer finishes or dies
         locks.unlock(fd, 1 + s)
-        self.count(WAITS, 1)
+        self.count("waits", 1)
         if self._gen[s] & 1 and (self._key_hi[s], self._key_lo[s]) == key:
             with self._index():
                 if self._gen[s] & 1 and not locks.held_by_other(fd, 1 + s):
@@ -422,24 +427,16 @@ class ChunkArena:
                 self._used[s] = now
                 self._insert(s)
                 claimed.append((key, s))
-        self.count(EVICTIONS, evicted)
+        self.count("evictions", evicted)
         return claimed, busy
 
     def _victims(self, n: int) -> list[int]:
         """Up to ``n`` slots not being written, least recently used first (free ones are)."""
         if not n or not self.slots:
             return []
-        if self.slots <= SAMPLE:
-            candidates = np.arange(self.slots)
-        else:
-            candidates = np.unique(self._rng.integers(0, self.slots, max(SAMPLE, 64 * n)))
-        age = self._used_np[candidates].copy()
-        age[(self._gen_np[candidates] & 1) == 1] = np.iinfo(np.uint64).max
-        n = min(n, int(np.count_nonzero(age != np.iinfo(np.uint64).max)))
-        if not n:
-            return []
-        picked = np.argpartition(age, n - 1)[:n] if n < len(age) else np.arange(len(age))
-        return candidates[picked[np.argsort(age[picked])]].tolist()
+        sample = max(SAMPLE, 64 * n) if self.slots > SAMPLE else None
+        writing = (self._gen_np & 1) == 1
+        return victims(self._used_np, n, protected=writing, sample=sample, rng=self._rng).tolist()
 
     def publish(self, claimed: Sequence[tuple[Key, int]]) -> None:
         """Make filled slots readable and release them."""
@@ -460,49 +457,24 @@ class ChunkArena:
             locks.unlock(fd, 1 + s)
 
     # statistics and housekeeping --------------------------------------------------------------
-    def count(self, column: int, n: int) -> None:
-        """Add to this process's row of the shared statistics."""
-        if not n:
-            return
-        self._ensure()
-        with self._stat_lock:
-            if self._row < 0 or self._stats[self._row * STAT_COLS] != os.getpid():
-                self._row = self._take_row()
-            i = self._row * STAT_COLS + column
-            self._stats[i] = self._stats[i] + n
-
-    def _take_row(self) -> int:
-        pid, cols = os.getpid(), STAT_COLS
-        with self._index():
-            free = None
-            for r in range(1, STAT_ROWS):
-                owner = self._stats[r * cols]
-                if owner == pid:
-                    return r
-                if free is None and not process_alive(owner):
-                    free = r
-            row = free if free is not None else STAT_ROWS - 1
-            if self._stats[row * cols] not in (0, pid):  # a dead process's counts still count
-                for c in range(1, cols):
-                    self._stats[c] += self._stats[row * cols + c]
-                    self._stats[row * cols + c] = 0
-            self._stats[row * cols] = pid
-            return row
+    def count(self, column: str, n: int) -> None:
+        """Add to this process's count of ``column`` (one of :data:`COLUMNS`)."""
+        if n:
+            self._ensure()
+            self._stats.add(column, n)
 
     def stats(self) -> dict[str, int]:
+        """Hits, misses, bytes decoded, evictions and waits (every process's), the slots
+        holding a unit, and the bytes they hold."""
         self._ensure()
-        table = np.frombuffer(self._mm, np.uint64, STAT_ROWS * STAT_COLS, HEADER)
-        totals = table.reshape(STAT_ROWS, STAT_COLS)[:, 1:].sum(axis=0)
         stable = (self._gen_np & 1) == 0
-        keyed = np.frombuffer(self._mm, np.uint64, self.slots, self._meta_at) != 0
-        keyed |= np.frombuffer(self._mm, np.uint64, self.slots, self._meta_at + 8 * self.slots) != 0
+        keyed = (self._hi_np != 0) | (self._lo_np != 0)
+        entries = int(np.count_nonzero(keyed & stable))
         return {
-            "hits": int(totals[HITS - 1]),
-            "misses": int(totals[MISSES - 1]),
-            "bytes_decoded": int(totals[DECODED - 1]),
-            "evictions": int(totals[EVICTIONS - 1]),
-            "waits": int(totals[WAITS - 1]),
-            "entries": int(np.count_nonzero(keyed & stable)),
+            **self._stats.totals(),
+            "entries": entries,
+            "bytes_held": entries * self.slot_bytes,
+            "budget_bytes": self.budget_bytes,
             "slots": self.slots,
         }
 
@@ -519,7 +491,5 @@ class ChunkArena:
             for s in range(self.slots):
                 if self._key_hi[s] or self._key_lo[s]:
                     self._insert(s)
-            for i in range(STAT_ROWS * STAT_COLS):
-                if i % STAT_COLS:
-                    self._stats[i] = 0
+            self._stats.reset()
         self._hint.clear()

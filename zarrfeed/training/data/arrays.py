@@ -17,6 +17,7 @@ spawned — and DDP ranks on one machine share one copy.  What the kernel holds 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import mmap
@@ -31,15 +32,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from zarrfeed.processes import process_alive
+from zarrfeed.eviction import victims
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
+from zarrfeed.training.data.stats import StatsTable
 
 log = logging.getLogger("zarrfeed.training")
 
-STAT_ROWS = 512  # row 0: eviction epoch; then one row per process (reclaimed from dead pids)
-HITS, MISSES, BYTES_READ, EVICTIONS = range(4)
+STAT_ROWS = 512  # the totals row, then one per process (reused once its process is gone)
+COLUMNS = ("hits", "misses", "bytes_decoded", "evictions")
+EPOCH = "eviction epoch"  # a cell every eviction bumps: others drop their mappings
 INDEX_LOCK = 0  # byte of the locks file guarding eviction and reservations
+STATS_LOCK = 1 + (1 << 48)  # byte guarding the statistics' rows (past every entry's byte)
 
 
 @dataclass(frozen=True)
@@ -71,71 +76,62 @@ class SharedArrayCache:
         self._meta = {"store": name, **(meta or {}), "budget_bytes": self.budget_bytes}
         self._dir = CacheFolder("arrays", digest, self._meta)
         self.folder = self._dir.path
-        self._reset_local()
+        # this process's mappings and descriptors, made when it first uses the cache
+        self._local = ProcessLocal(self._open_here, self._forget_parent, attach_lock)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of arrays it can hold at once: its whole budget."""
+        return self.budget_bytes
 
     # pickling and fork: only the name and budget travel; handles are per process ---------
     def __getstate__(self) -> dict:
-        return {
-            "name": self.name,
-            "budget_bytes": self.budget_bytes,
-            "_meta": self._meta,
-            "_dir": self._dir,
-            "folder": self.folder,
-        }
+        keep = ("name", "budget_bytes", "_meta", "_dir", "folder", "_local")
+        return {k: self.__dict__[k] for k in keep}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._dir.forget()
-        self._reset_local()
-
-    def _reset_local(self) -> None:
-        self._pid = os.getpid()
+    def _open_here(self) -> dict[int, threading.Thread]:
+        """Open the folder in this process: its descriptors of the locks file (one per
+        thread) start empty, and so do its mappings."""
         self._mapped: dict[str, np.ndarray] = {}  # read-only views, as callers get them
         self._tensors: dict[str, torch.Tensor] = {}  # the same pages, for fast strided copies
         self._paths: dict[str, str] = {}
-        self._stats: np.memmap | None = None
-        self._cells: memoryview | None = None  # the same table, for cheap scalar updates
-        self._count_lock = threading.Lock()
-        self._row = -1
+        self._stats: StatsTable | None = None
         self._epoch = 0
         self._tls = threading.local()
         self._fds: dict[int, threading.Thread] = {}  # each thread's open of the locks file
-        self._opened = False
         self._warned: set[str] = set()
+        self._dir.open(self.budget_bytes)
+        return self._fds
+
+    def _forget_parent(self, fds: dict[int, threading.Thread]) -> None:
+        """Forked: the mappings are inherited, the descriptors are not ours."""
+        self._dir.forget()
+        for fd in fds:  # copies of the parent's opens: a lock held through them
+            os.close(fd)  # must not outlive the parent
 
     def _open(self) -> None:
-        if self._pid == os.getpid() and self._opened:
-            return
-        with attach_lock():
-            if self._pid != os.getpid():  # forked: mappings inherited, descriptors not ours
-                self._dir.forget()
-                for fd in self._fds:  # copies of the parent's opens: a lock held through
-                    os.close(fd)  # them must not outlive the parent
-                self._reset_local()
-            if not self._opened:
-                self._dir.open(self.budget_bytes)
-                self._opened = True
+        self._local.get()
 
     def close(self) -> None:
         """Drop this process's mappings and its hold on the folder (reopened on next use)."""
         with attach_lock():
-            if self._pid != os.getpid():
-                return
-            self._release()
-            self._reset_local()
+            if self._local.discard() is not None:
+                self._release()
 
     def __del__(self) -> None:
         # Dropped without close() (a dataset gone out of scope): its descriptors go, and its
         # hold on the folder, which would keep any sweep from removing it.  Not through
         # close(): the collector may run this inside attach_lock.
         with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
-            if self._pid == os.getpid():
+            if self._local.peek() is not None:
                 self._release()
 
     def _release(self) -> None:
         for fd in self._fds:
             os.close(fd)
         self._fds = {}
+        self._mapped.clear()
+        self._tensors.clear()
         self._dir.close()
 
     def _fd(self) -> int:
@@ -149,44 +145,30 @@ class SharedArrayCache:
         return fd
 
     # statistics ------------------------------------------------------------------------------
-    def _stat_table(self) -> np.memmap:
+    def _stat_table(self) -> StatsTable:
         if self._stats is None:
-            path = self.folder / ".stats"
+            path, size = self.folder / ".stats", StatsTable.nbytes(COLUMNS, STAT_ROWS, (EPOCH,))
             with self._locked():
-                if not path.exists() or path.stat().st_size != STAT_ROWS * 5 * 8:
+                if not path.exists() or path.stat().st_size != size:
                     with open(path, "wb", opener=self._dir.access.open) as f:
-                        np.zeros((STAT_ROWS, 5), dtype=np.int64).tofile(f)
-                table = np.memmap(path, dtype=np.int64, mode="r+", shape=(STAT_ROWS, 5))
-                pid = os.getpid()
-                mine = np.flatnonzero(table[1:, 0] == pid)
-                if mine.size:
-                    self._row = int(mine[0]) + 1
-                else:  # a free row, or one of a dead process (its counts still count)
-                    rows = (r for r in range(1, STAT_ROWS) if not process_alive(int(table[r, 0])))
-                    self._row = next(rows, STAT_ROWS - 1)
-                    table[self._row, 0] = pid
-            self._stats = table
-            self._cells = memoryview(table).cast("B").cast("q")
+                        np.zeros(size // 8, dtype=np.int64).tofile(f)
+                words = np.memmap(path, dtype=np.int64, mode="r+", shape=(size // 8,))
+            rows = functools.partial(self._locked, STATS_LOCK)  # counts come under INDEX_LOCK too
+            self._stats = StatsTable(words, COLUMNS, STAT_ROWS, rows, (EPOCH,))
         return self._stats
 
-    def _count(self, column: int, n: int = 1) -> None:
-        self._stat_table()
-        i = self._row * 5 + 1 + column
-        with self._count_lock:  # threads of one process share the row
-            self._cells[i] = self._cells[i] + n
+    def _count(self, column: str, n: int = 1) -> None:
+        self._stat_table().add(column, n)
 
     def stats(self) -> dict[str, int | float]:
         """Hits, misses, bytes decoded, evictions (all processes), entries and bytes held."""
         self._open()
-        totals = self._stat_table()[1:, 1:].sum(axis=0)
+        totals = self._stat_table().totals()
         entries = [e for e in self._entries() if e[0].suffix == ".npy"]
-        lookups = int(totals[HITS] + totals[MISSES])
+        lookups = totals["hits"] + totals["misses"]
         return {
-            "hits": int(totals[HITS]),
-            "misses": int(totals[MISSES]),
-            "hit_rate": float(totals[HITS] / lookups) if lookups else 0.0,
-            "bytes_decoded": int(totals[BYTES_READ]),
-            "evictions": int(totals[EVICTIONS]),
+            **totals,
+            "hit_rate": totals["hits"] / lookups if lookups else 0.0,
             "entries": len(entries),
             "bytes_held": sum(size for _, size, _ in entries),
             "budget_bytes": self.budget_bytes,
@@ -203,8 +185,10 @@ class SharedArrayCache:
         """The cached array for ``key`` if this process has it mapped and it is still
         there (the hot path: no hashing, one ``utime`` for the LRU clock), else None;
         ``reads`` is how many reads it serves (the hits counted)."""
+        if self._local.peek() is None:
+            return None
         arr = self._mapped.get(key)
-        if arr is None or self._pid != os.getpid():
+        if arr is None:
             return None
         self._drop_evicted()
         try:
@@ -213,7 +197,7 @@ class SharedArrayCache:
             self._forget(key)
             return None
         if reads:
-            self._count(HITS, reads)
+            self._count("hits", reads)
         return arr
 
     def tensor(self, key: str, reads: int = 1) -> torch.Tensor | None:
@@ -252,7 +236,7 @@ class SharedArrayCache:
             os.utime(path)  # LRU clock; raises if the entry was evicted
             if arr is None:
                 arr = self._keep(key, path, _map_npy(path))
-            self._count(HITS)
+            self._count("hits")
             return arr
         except FileNotFoundError:
             self._forget(key)
@@ -264,7 +248,7 @@ class SharedArrayCache:
         fd, byte = self._fd(), self._lock_byte(self._digest(key))
         if not locks.lock(fd, byte, wait=False):  # another process is decoding this key
             if not wait:
-                self._count(MISSES)
+                self._count("misses")
                 return None
             locks.lock(fd, byte)  # returns when that writer is done — or dead
         try:
@@ -275,8 +259,8 @@ class SharedArrayCache:
             fill = load if isinstance(load, Fill) else None
             data = None if fill else np.ascontiguousarray(load())
             nbytes = fill.nbytes if fill else data.nbytes
-            self._count(MISSES)
-            self._count(BYTES_READ, nbytes)
+            self._count("misses")
+            self._count("bytes_decoded", nbytes)
             if nbytes > self.budget_bytes:  # larger than the whole budget: serve it uncached
                 if key not in self._warned:
                     self._warned.add(key)
@@ -338,22 +322,20 @@ class SharedArrayCache:
                 path.unlink(missing_ok=True)  # no live writer holds its key
                 continue
             entries.append((path, size, used))
-        held = sum(size for _, size, _ in entries)
-        for path, size, _ in sorted(entries, key=lambda e: e[2]):
-            if held <= keep_bytes:
-                break
-            if path.suffix == ".npy":
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    held -= size
-                    evicted = True
-                    self._count(EVICTIONS)
+        sizes = np.array([size for _, size, _ in entries], np.int64)
+        need = int(sizes.sum()) - keep_bytes
+        writing = np.array([path.suffix == ".tmp" for path, _, _ in entries], bool)
+        used = np.array([used for _, _, used in entries], np.float64)
+        for i in victims(used, need, sizes=sizes, protected=writing).tolist():
+            with contextlib.suppress(FileNotFoundError):
+                entries[i][0].unlink()
+                evicted = True
+                self._count("evictions")
         if evicted:
-            self._stat_table()[0, 0] += 1  # the eviction epoch: others drop their mappings
+            self._stat_table().bump(EPOCH)  # the eviction epoch: others drop their mappings
 
     def _drop_evicted(self) -> None:
-        self._stat_table()
-        epoch = self._cells[0]
+        epoch = self._stat_table().cell(EPOCH)
         if epoch != self._epoch:
             self._epoch = epoch
             for key in [k for k in self._mapped if not self._path(k).exists()]:
@@ -367,18 +349,18 @@ class SharedArrayCache:
             gone = [p for p, _, _ in self._entries() if p.suffix == ".npy" and p.name not in wanted]
             for path in gone:
                 path.unlink(missing_ok=True)
-                self._count(EVICTIONS)
+                self._count("evictions")
             if gone:
-                self._stat_table()[0, 0] += 1
+                self._stat_table().bump(EPOCH)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, byte: int = INDEX_LOCK) -> Iterator[None]:
         fd = self._fd()
-        locks.lock(fd, INDEX_LOCK)
+        locks.lock(fd, byte)
         try:
             yield
         finally:
-            locks.unlock(fd, INDEX_LOCK)
+            locks.unlock(fd, byte)
 
     def clear(self) -> None:
         """Drop every entry and the statistics (other processes drop their mappings)."""
@@ -388,8 +370,8 @@ class SharedArrayCache:
                 if path.suffix == ".npy":
                     path.unlink(missing_ok=True)
             table = self._stat_table()
-            table[1:, 1:] = 0
-            table[0, 0] += 1
+            table.reset()
+            table.bump(EPOCH)
         self._mapped.clear()
         self._tensors.clear()
 

@@ -16,11 +16,10 @@ spawned workers and survive fork after the parent has read the store.
 
 from __future__ import annotations
 
-import os
 import random
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -29,10 +28,12 @@ from torch.utils.data import Dataset, default_collate
 
 from zarrfeed.datasets import open_dataset, snapshots
 from zarrfeed.errors import StoreError
+from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store import ZarrStore
 from zarrfeed.training.augment import Augment, AugmentConfig
 from zarrfeed.training.data.protocols import WorkerSettings
 from zarrfeed.training.data.reader import CachedArrays, Region
+from zarrfeed.training.data.regimes import cached_arrays
 from zarrfeed.training.data.ring import RELEASE, BatchRing
 
 GB = 1 << 30
@@ -122,8 +123,7 @@ class StoreDataset(Dataset):
         self._ring: BatchRing | None = None
         # This process's epoch; loader workers take it from each index (training.data.epochs)
         self.epoch = 0
-        self._store: ZarrStore | None = None
-        self._pid = os.getpid()
+        self._store = ProcessLocal(partial(ZarrStore, self.url, self.storage_options))
         build = (
             f"build it with `zarrfeed demo`, or `dg launch -m zarrfeed.definitions --job "
             f"datasets_build` once the {self.dataset} partitions are built (`zarrfeed status`)"
@@ -148,13 +148,11 @@ class StoreDataset(Dataset):
 
     @property
     def store(self) -> ZarrStore:
-        if self._store is None or self._pid != os.getpid():
-            self._store, self._pid = ZarrStore(self.url, self.storage_options), os.getpid()
-        return self._store
+        return self._store.get()
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned worker reads under its parent's lease.
-        return {**self.__dict__, "_store": None, "_ring": None, "_release": None}
+        return {**self.__dict__, "_ring": None, "_release": None}
 
     def close(self) -> None:
         """Give up the lease on the dataset version (its versions may then be collected)."""
@@ -205,7 +203,7 @@ class StoreDataset(Dataset):
     @cached_property
     def cache(self) -> CachedArrays:
         """The decoded arrays (in RAM when they fit ``cache_gb``, else chunk by chunk)."""
-        return CachedArrays(self.store, self.sources(), self.budget_bytes)
+        return cached_arrays(self.store, self.sources(), self.budget_bytes)
 
     def sources(self) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
         """Asset → (manifest partitions, cached array names)."""

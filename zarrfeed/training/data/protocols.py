@@ -20,6 +20,36 @@ import torch
 if TYPE_CHECKING:
     from zarrfeed.store import ZarrStore
 
+# What every cache tier's stats() counts, under these names (each tier may add its own).
+TIER_STATS = (
+    "hits",
+    "misses",
+    "bytes_decoded",
+    "evictions",
+    "entries",
+    "bytes_held",
+    "budget_bytes",
+)
+
+
+@runtime_checkable
+class CacheTier(Protocol):
+    """One tier of the cache — device slots, whole arrays in RAM, the out-of-core arena, the
+    local-disk tier — as the planner, the commands and the benchmarks see it: its byte budget,
+    what it can hold at once, its statistics under the names :data:`TIER_STATS` (besides its
+    own), and a way to empty it for every process and to let go of this process's hold."""
+
+    budget_bytes: int
+
+    @property
+    def capacity_bytes(self) -> int: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def clear(self) -> None: ...
+
+    def close(self) -> None: ...
+
 
 class CacheFacts(Protocol):
     """What planning reads of a dataset's decoded-array cache."""

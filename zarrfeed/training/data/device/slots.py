@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed.eviction import victims
 from zarrfeed.training.data.device.common import (
     CutSource,
     along,
@@ -94,15 +95,54 @@ class DeviceSlots(CutSource):
         self._staged: list[Any] = [None] * STAGES  # each one's copy up, until it is done
         self._turn = 0
         self._landing = torch.empty(stage, dtype=torch.uint8, device=device)
-        self.stats = PoolStats()
+        self.counts = PoolStats()
         self._clock = 0
 
     def nbytes(self) -> int:
         """Bytes of the slots (what holds cache units)."""
         return self.pool.numel() * self.pool.element_size()
 
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of units it can hold at once (its slots; the rest of the budget is tables,
+        staging and scratch)."""
+        return self.slots * self.slot_bytes
+
     def resident(self) -> int:
         return int((self._unit_in >= 0).sum())
+
+    def stats(self) -> dict[str, int]:
+        """Units found resident (hits), uploaded when a batch needed them (misses), bytes
+        uploaded, evictions, units and bytes held; and the uploads made ahead of a block."""
+        held = self.resident()
+        return {
+            "hits": self.counts.hits,
+            "misses": self.counts.on_demand,
+            "bytes_decoded": self.counts.uploads * self.slot_bytes,
+            "evictions": self.counts.evictions,
+            "entries": held,
+            "bytes_held": held * self.slot_bytes,
+            "budget_bytes": self.budget_bytes,
+            "uploads": self.counts.uploads,
+            "ahead": self.counts.ahead,
+            "batches": self.counts.batches,
+        }
+
+    def clear(self) -> None:
+        """Empty every slot and the counts (the next batches upload what they read)."""
+        self.close()
+        self._slot_of[:] = -1
+        self._unit_in[:] = -1
+        self._slot_of_dev.fill_(-1)
+        self._ahead = self._ahead[:0]
+        self.counts = PoolStats()
+
+    def close(self) -> None:
+        """Wait for the copies up still in flight (the staging buffers are then free)."""
+        for i, event in enumerate(self._staged):
+            if event is not None:
+                event.synchronize()
+                self._staged[i] = None
 
     def plan_ahead(
         self, current: np.ndarray, following: np.ndarray, batches: int, wait: int = 0
@@ -127,12 +167,12 @@ class DeviceSlots(CutSource):
         have = self._slot_of[units]
         missing = units[have < 0]
         self._last_use[have[have >= 0]] = self._clock
-        self.stats.hits += int((have >= 0).sum())
+        self.counts.hits += int((have >= 0).sum())
         if len(missing):
             slots = self._room(len(missing), spare_kept=False)
             self._upload(missing, slots)
-            self.stats.on_demand += len(missing)
-        self.stats.per_batch_max = max(self.stats.per_batch_max, len(units))
+            self.counts.on_demand += len(missing)
+        self.counts.per_batch_max = max(self.counts.per_batch_max, len(units))
 
     def _room(self, n: int, spare_kept: bool) -> np.ndarray:
         """``n`` slots to fill (fewer with ``spare_kept`` when only units kept for this block
@@ -141,17 +181,18 @@ class DeviceSlots(CutSource):
         free = np.flatnonzero(self._unit_in < 0)
         if len(free) < n:
             taken = np.flatnonzero(self._unit_in >= 0)
-            taken = taken[self._last_use[taken] < self._clock]  # never the current batch's
+            used = self._last_use[taken]
             kept = self._keep[self._unit_in[taken]]
-            if spare_kept:
-                taken, kept = taken[~kept], kept[~kept]
-            victims = taken[np.lexsort((self._last_use[taken], kept))][: n - len(free)]
-            gone = self._unit_in[victims]
+            current = used >= self._clock  # never the current batch's
+            protected = current | kept if spare_kept else current
+            chosen = victims(used, n - len(free), priority=kept, protected=protected)
+            gone_slots = taken[chosen]
+            gone = self._unit_in[gone_slots]
             self._slot_of[gone] = -1
-            self._unit_in[victims] = -1
+            self._unit_in[gone_slots] = -1
             self._slot_of_dev[to_device(gone, self.device)] = -1
-            self.stats.evictions += len(victims)
-            free = np.sort(np.concatenate([free, victims]))
+            self.counts.evictions += len(gone_slots)
+            free = np.sort(np.concatenate([free, gone_slots]))
         return free[:n]
 
     def _advance(self) -> None:
@@ -170,7 +211,7 @@ class DeviceSlots(CutSource):
             todo, self._ahead = todo[: len(slots)], self._ahead[:0]
         if len(todo):
             self._upload(todo, slots)
-            self.stats.ahead += len(todo)
+            self.counts.ahead += len(todo)
 
     def _upload(self, units: np.ndarray, slots: np.ndarray) -> None:
         """Read ``units`` from the host cache into pinned staging and copy them into
@@ -214,7 +255,7 @@ class DeviceSlots(CutSource):
             self._slot_of[part] = into
             self._unit_in[into] = part
             self._last_use[into] = self._clock
-            self.stats.uploads += len(part)
+            self.counts.uploads += len(part)
 
     def batch(self, indices: np.ndarray) -> dict[str, Any]:
         """The same batch as the dataset's DataLoader path yields for ``indices``: its units
@@ -230,8 +271,8 @@ class DeviceSlots(CutSource):
         boxes, extras = self.up(cuts)
         cut = {key: self._gather(key, *placed) for key, placed in boxes.items()}
         out = self.dataset.device_finish(cut, extras)
-        self.stats.batches += 1
-        self.stats.history.append(self.resident())
+        self.counts.batches += 1
+        self.counts.history.append(self.resident())
         self._advance()
         return out
 
