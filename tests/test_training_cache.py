@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
+from zarrfeed import locks
 from zarrfeed.datasets import Retention, collect, consolidate, write_dataset
 from zarrfeed.errors import ConfigError, StoreError
 from zarrfeed.families.ct.datasets import CTPatchDataset
 from zarrfeed.store import ZarrStore, commits, provenance
 from zarrfeed.training import BlockSampler, make_loader, make_sampler
 from zarrfeed.training.data import arena as arena_module
-from zarrfeed.training.data import locks
 from zarrfeed.training.data.ring import settle
 from zarrfeed.training.data.sampler import ResumableSampler, follow_order, sample_order
 from zarrfeed.training.data.shm import clear_caches, held_bytes, list_caches, sweep

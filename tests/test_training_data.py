@@ -270,7 +270,7 @@ def test_benchmark_loader_cli_reports_throughput_cache_and_advice(built, capsys)
 
 
 def test_patch_is_read_directly_while_another_process_fills_its_volume(built):
-    from zarrfeed.training.data import locks
+    from zarrfeed import locks
 
     store, _ = built
     ds = CTPatchDataset(store, window="lung", cache_gb=0.25)

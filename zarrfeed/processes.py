@@ -12,7 +12,6 @@ process at a time, by a lock the kernel releases when its holder dies.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from zarrfeed import locks
 from zarrfeed.errors import ZarrfeedError
 
 HOST_TAG = "zarrfeed/host"  # the Dagster run tag holding host_identity() of a run's host
@@ -163,17 +163,17 @@ def hold(path: str | os.PathLike, what: str = "") -> Hold:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        taken = locks.flock_exclusive_now(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not taken:
         try:
             holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
         except ValueError:  # written half (a holder between truncate and write)
             holder = {}
         os.close(fd)
-        raise Held(path, holder if isinstance(holder, dict) else {}) from None
-    except BaseException:
-        os.close(fd)
-        raise
+        raise Held(path, holder if isinstance(holder, dict) else {})
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": what}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)

@@ -32,7 +32,6 @@ a process opens the tier, files ``0600``; ``ZARRFEED_CACHE_GROUP`` shares it wit
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import logging
@@ -50,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zarrfeed import cachedirs
+from zarrfeed import cachedirs, locks
 from zarrfeed.eviction import victims
 from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store.backends import write_file_atomic
@@ -302,7 +301,7 @@ class DiskTier:
         made again in a forked child for the same reason."""
         opener = self._access.open
         with self._thread_lock.get(), open(self.folder / _LOCK, "a+b", opener=opener) as lock:
-            fcntl.lockf(lock, fcntl.LOCK_EX)
+            locks.lock_for_process(lock.fileno())
             yield
 
     def _count(self, added: int) -> None:

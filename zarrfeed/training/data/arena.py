@@ -16,7 +16,7 @@ order; on other CPUs readers also take the slot's shared lock while copying.)
 
 Writers claim slots under the index lock (least recently used first, sampled on large
 arenas), then decode into them holding each slot's own lock.  Both are kernel-released
-byte-range locks on the arena file (:mod:`~zarrfeed.training.data.locks`): a reader that
+byte-range locks on the arena file (:mod:`~zarrfeed.locks`): a reader that
 finds a slot being filled waits on its lock and is woken the moment the writer finishes or
 dies; a dead writer's slot (odd generation, lock free) is freed by whoever sees it, and an
 index left half-updated by a writer killed under the index lock is rebuilt from the slots by
@@ -35,9 +35,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from zarrfeed import locks
 from zarrfeed.eviction import victims
 from zarrfeed.processlocal import ProcessLocal
-from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
 from zarrfeed.training.data.stats import StatsTable
 

@@ -9,7 +9,7 @@ spawned — and DDP ranks on one machine share one copy.  What the kernel holds 
 * an entry is evicted (least recently used first) by unlinking it and bumping an eviction
   epoch in the shared statistics; every process drops its mappings of unlinked entries the
   next time it reads the cache, so their pages are freed instead of living on in old mappings;
-* a fill holds a kernel-released lock on its entry (:mod:`~zarrfeed.training.data.locks`):
+* a fill holds a kernel-released lock on its entry (:mod:`~zarrfeed.locks`):
   a concurrent miss of the same key waits for it, and a writer killed mid-fill frees the key
   at once — its half-written file is removed by the next writer of that key or by eviction.
 """
@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarrfeed import locks
 from zarrfeed.eviction import victims
 from zarrfeed.processlocal import ProcessLocal
-from zarrfeed.training.data import locks
 from zarrfeed.training.data.shm import CacheFolder, attach_lock, reserve
 from zarrfeed.training.data.stats import StatsTable
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from zarrfeed import cachedirs
-from zarrfeed.training.data.locks import flock_exclusive_now, flock_shared
+from zarrfeed.locks import flock_exclusive_now, flock_shared
 
 log = logging.getLogger("zarrfeed.training")
 

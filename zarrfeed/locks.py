@@ -1,10 +1,16 @@
-"""Byte-range locks that the kernel releases when their holder dies.
+"""File locks that the kernel releases when their holder dies: the three kinds zarrfeed uses,
+each for what only it does (a process killed with SIGKILL drops all three at once, so nothing
+ever waits on a dead holder).
 
-Open-file-description (OFD) locks, ``F_OFD_SETLK``: owned by one ``open()`` of a file, so two
-threads or a parent and its forked child exclude each other as long as each opened the file
-itself, and a process killed with SIGKILL drops its locks at once — a cache never waits on a
-dead writer.  Any byte offset can be locked, beyond the end of the file too, so one file holds
-a lock per cache slot or entry.  ``flock`` (whole files) marks a cache folder in use.
+* **Byte ranges of one open** (open-file-description locks, ``F_OFD_SETLK``): owned by one
+  ``open()`` of a file, so two threads or a parent and its forked child exclude each other as
+  long as each opened the file itself.  Any byte offset can be locked, beyond the end of the
+  file too, so one file holds a lock per cache slot or entry.
+* **Whole files** (``flock``): shared by every descriptor of one open, a forked child's copy
+  included — a cache folder in use, a process's hold on a lock file.
+* **Whole files owned by the process** (``lockf``, a POSIX record lock): a child forked while
+  a thread held it does not inherit it, so a short critical section taken by many threads
+  (each opening the file anew) can never be left held by a child that knows nothing of it.
 """
 
 from __future__ import annotations
@@ -60,6 +66,11 @@ def flock_exclusive_now(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def lock_for_process(fd: int) -> None:
+    """Wait for the whole file's process-owned lock (released when ``fd`` is closed)."""
+    fcntl.lockf(fd, fcntl.LOCK_EX)
 
 
 def open_for_thread(
