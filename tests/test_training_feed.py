@@ -162,6 +162,16 @@ def test_the_slot_pool_stays_within_its_budget_under_eviction(store):
     assert device_tier(ds, "auto")[0] == "loader"  # auto: CUDA only
 
 
+def test_a_unit_the_device_table_lost_is_refused_not_cut_from_other_bytes(store):
+    ds = CTPatchDataset(store, cache_gb=1)
+    pool = DeviceSlots(ds, CPU, pool_bytes(ds, 16), BATCH)
+    indices = np.arange(BATCH)
+    pool.batch(indices)
+    pool._slot_of_dev[:] = -1  # the host mirror still has them resident: none goes up again
+    with pytest.raises(IndexError):
+        pool.batch(indices)
+
+
 def test_the_pool_uploads_the_next_block_while_this_one_trains(store):
     """With the block sampler, each block's units are on the device before its first batch
     (only the first block waits for uploads), within the budget, under eviction, and the

@@ -12,8 +12,8 @@ import torch
 from zarrfeed.eviction import victims
 from zarrfeed.training.data.device.common import (
     CutSource,
-    along,
     c_strides,
+    gather,
     grid,
     held_dtype,
     pinned,
@@ -287,15 +287,15 @@ class DeviceSlots(CutSource):
         cells = [axes[a] // unit_shape[:, a, None] for a in range(dims)]
         terms = [cells[a] * row[:, 1 + a, None] for a in range(dims - 1)] + [cells[-1]]
         terms[0] = terms[0] + first[:, None]
+        inside = [axes[a] - cells[a] * unit_shape[:, a, None] for a in range(dims)]
+        inside[:-1] = [inside[a] * row[:, 2 * dims + a, None] for a in range(dims - 1)]
         # unit ids, then their slots, then element offsets: two batch-sized index tensors
-        # live at a time (GATHER_BYTES_PER_VOXEL)
+        # live at a time (GATHER_BYTES_PER_VOXEL).  Each is one pass over the batch (the
+        # per-axis terms are summed before the last axis broadcasts them), and the slot
+        # lookup and the cut are index_selects: what the step's cores spend on the gather.
         unit = grid(terms)
-        where = self._slot_of_dev[unit]
+        slot = gather(self._slot_of_dev, unit)
         del unit
-        where = where.long().mul_(self.slot_bytes // g.dtype.itemsize)
-        for a in range(dims):
-            inside = axes[a] - cells[a] * unit_shape[:, a, None]
-            if a < dims - 1:
-                inside = inside * row[:, 2 * dims + a, None]
-            where += along(inside, a, dims)
-        return restored(self.pool.view(held_dtype(g.dtype)).take(where), g.dtype)
+        where = grid(inside).add_(slot, alpha=self.slot_bytes // g.dtype.itemsize)
+        del slot
+        return restored(gather(self.pool.view(held_dtype(g.dtype)), where), g.dtype)
