@@ -70,21 +70,27 @@ class Launcher:
         self, requests: Iterable[tuple[str, dict[str, Any]]], at_once: int = 1
     ) -> Iterator[Finished]:
         """Each ``(job, options)`` request run to its end, ``at_once`` in flight (the next
-        submitted as soon as one ends, so that its process starts while the others work),
-        yielded in the order requested.  A Ctrl-C terminates every run in flight, waits for
-        them to stop and is raised again."""
+        submitted as soon as any one ends, so that its process starts while the others
+        work), yielded in the order requested.  A Ctrl-C terminates every run in flight,
+        waits for them to stop and is raised again."""
         pending = iter(requests)
-        flight: list[str] = []
+        flight: list[str] = []  # submitted, not ended
+        order: list[str] = []  # submitted, not yielded
+        ended: dict[str, Finished] = {}
         try:
             while True:
                 while len(flight) < at_once and (request := next(pending, None)) is not None:
                     with sigint_held():  # a run submitted is in flight, which a Ctrl-C ends
                         flight.append(self._submit(*request))
-                if not flight:
+                    order.append(flight[-1])
+                if not order:
                     return
-                finished = self._outcome(flight[0])
-                flight.pop(0)
-                yield finished
+                if order[0] in ended:
+                    yield ended.pop(order.pop(0))
+                    continue
+                run = self._first_ended(flight, timeout=None)
+                flight.remove(run.run_id)
+                ended[run.run_id] = self._outcome(run)
         except (KeyboardInterrupt, GeneratorExit):  # a Ctrl-C here or where the runs go
             for run_id in flight:
                 self._terminate(run_id)
@@ -99,10 +105,9 @@ class Launcher:
             )
         return run_id
 
-    def _outcome(self, run_id: str) -> Finished:
-        run = self._finished(run_id, timeout=None)
-        record = self.instance.get_run_record_by_id(run_id)
-        logs = self.instance.all_logs(run_id)
+    def _outcome(self, run: dg.DagsterRun) -> Finished:
+        record = self.instance.get_run_record_by_id(run.run_id)
+        logs = self.instance.all_logs(run.run_id)
         events = [e.dagster_event for e in logs if e.dagster_event is not None]
         return Finished(run, events, record.end_time - record.create_timestamp.timestamp())
 
@@ -115,33 +120,41 @@ class Launcher:
         except DagsterGraphQLClientError:
             if not self.instance.get_run_by_id(run_id).is_finished:
                 raise
-        self._finished(run_id, timeout=STOP_TIMEOUT_S)
+        self._first_ended([run_id], timeout=STOP_TIMEOUT_S)
 
-    def _finished(self, run_id: str, timeout: float | None) -> dg.DagsterRun:
+    def _first_ended(self, run_ids: list[str], timeout: float | None) -> dg.DagsterRun:
+        """The first of ``run_ids`` found ended, waiting for one as long as ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        what = f"runs {', '.join(run_ids)} were" if run_ids[1:] else f"run {run_ids[0]} was"
         while True:
-            run = self.instance.get_run_by_id(run_id)
-            if run is not None and run.is_finished:
-                return run
+            runs = self.instance.get_runs(dg.RunsFilter(run_ids=run_ids))
+            ended = [r for r in runs if r.is_finished]
+            if ended:
+                return ended[0]
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} did not stop within {timeout:.0f} s")
+                raise TimeoutError(f"{what} still in progress after {timeout:.0f} s")
             if self.server is not None and self.server.poll() is not None:
                 raise RuntimeError(
                     f"dagster-webserver for {WORKSPACE} exited with status "
-                    f"{self.server.returncode} while run {run_id} was in progress; its output "
-                    "is in the log"
+                    f"{self.server.returncode} while {what} in progress; its output is in the log"
                 )
             time.sleep(POLL_S)
 
 
 @contextlib.contextmanager
 def sigint_held() -> Iterator[None]:
-    """A Ctrl-C (SIGINT) arriving in the block is delivered as the block ends."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """A Ctrl-C (SIGINT) arriving in the block is delivered as the block ends.  Held by
+    Python's handler, not by the thread's signal mask: the kernel hands a signal the main
+    thread blocks to any other thread (a timer's, a library's), and Python then runs the
+    handler in the main thread all the same."""
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
 
 
 def launcher_config(home: Path) -> dict[str, Any]:
