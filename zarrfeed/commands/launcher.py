@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +50,20 @@ class Finished:
 
 class Launcher:
     """Submits runs to the webserver and waits for them in ``instance`` (the same storage);
-    ``server``, the webserver's process, is watched while a run is waited for."""
+    ``server``, the webserver's process, is watched while a run is waited for, and
+    ``until_serving`` called before the first submission."""
 
     def __init__(
-        self, client: Any, instance: dg.DagsterInstance, server: subprocess.Popen | None = None
+        self,
+        client: Any,
+        instance: dg.DagsterInstance,
+        server: subprocess.Popen | None = None,
+        until_serving: Callable[[], None] | None = None,
     ) -> None:
         self.client = client  # a dagster_graphql.DagsterGraphQLClient
         self.instance = instance
         self.server = server
+        self.until_serving = until_serving
 
     def run(self, job: str, **options: Any) -> Finished:
         """Run ``job`` (``submit_job_execution``'s options: ``tags``, ``run_config``,
@@ -73,6 +79,9 @@ class Launcher:
         submitted as soon as any one ends, so that its process starts while the others
         work), yielded in the order requested.  A Ctrl-C terminates every run in flight,
         waits for them to stop and is raised again."""
+        if self.until_serving is not None:  # where a Ctrl-C stops the wait
+            self.until_serving()
+            self.until_serving = None
         pending = iter(requests)
         flight: list[str] = []  # submitted, not ended
         order: list[str] = []  # submitted, not yielded
@@ -195,7 +204,9 @@ def launcher_config(home: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def code_location(home: Path, instance: dg.DagsterInstance) -> Iterator[Launcher]:
     """A webserver serving ``workspace.yaml`` on the storage of the instance in ``home``
-    for the block; its output goes to this process's stdout."""
+    for the block; its output goes to this process's stdout.  It starts loading the code
+    location (~20 s on two cores) as the block starts, while the caller prepares its runs;
+    the first submission waits until it serves."""
     folder = home / "launcher"  # the webserver's DAGSTER_HOME: only its dagster.yaml
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "dagster.yaml").write_text(yaml.safe_dump(launcher_config(home)))
@@ -212,10 +223,10 @@ def code_location(home: Path, instance: dg.DagsterInstance) -> Iterator[Launcher
         preexec_fn=terminate_with_parent(os.getpid()),
     )
     try:
-        wait_until_serving(proc, port)
         from dagster_graphql import DagsterGraphQLClient
 
-        yield Launcher(DagsterGraphQLClient("127.0.0.1", port_number=port), instance, proc)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        yield Launcher(client, instance, proc, lambda: wait_until_serving(proc, port))
     finally:
         stop(proc)
 
