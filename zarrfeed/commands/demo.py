@@ -183,7 +183,7 @@ def run_demo(raw: Path, store: str, home: Path, display: Display = no_display) -
 # Partitions build in runs of their own, and models train in theirs, independent of one
 # another: with two in flight, one run's process starts (imports and loads the code location,
 # ~4 s of CPU) while the other works, and two trainings on one CPU thread each keep two cores
-# busy (on two cores: 150 s for the four models instead of 280 s one after another).
+# busy (on two busy cores: 240 s for the four models instead of 414 s one after another).
 RUNS_AT_ONCE = 2
 Request = tuple[str, str, str, str, dict[str, Any]]  # (shown, job, family, key, its options)
 
