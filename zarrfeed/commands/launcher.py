@@ -133,6 +133,8 @@ class Launcher:
 
     def _first_ended(self, run_ids: list[str], timeout: float | None) -> dg.DagsterRun:
         """The first of ``run_ids`` found ended, waiting for one as long as ``timeout``."""
+        import dagster as dg
+
         deadline = None if timeout is None else time.monotonic() + timeout
         what = f"runs {', '.join(run_ids)} were" if run_ids[1:] else f"run {run_ids[0]} was"
         while True:
