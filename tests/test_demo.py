@@ -33,7 +33,7 @@ from zarrfeed.commands.sample_data import DEMO_SCANS
 from zarrfeed.datasets import read_manifest
 from zarrfeed.samples import make_inspection
 
-# The session's demo build (~3 min on 2 cores) counts against the first test that uses it.
+# The session's demo build (~4 min on 2 cores) counts against the first test that uses it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 BIN = Path(sys.executable).parent
 FAULTS = {  # key -> the file its one-line failure names

@@ -79,6 +79,39 @@ def test_runs_in_flight_together_end_in_the_order_requested():
         assert all(f.run.is_success and f.seconds >= 0 for f in done)
 
 
+class FirstEndsLate(Client):
+    """Runs end as they are submitted, but the first only after 2 s; ``first_ended`` says,
+    for each later submission, whether the first had ended by then."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        super().__init__(instance)
+        self.first: str | None = None
+        self.first_ended: list[bool] = []
+
+    def submit_job_execution(self, job: str, **options: object) -> str:
+        self.succeed = self.first is not None
+        run_id = super().submit_job_execution(job, **options)
+        if self.first is None:
+            self.first = run_id
+            threading.Timer(2.0, self.end_first).start()
+        else:
+            self.first_ended.append(self.instance.get_run_by_id(self.first).is_finished)
+        return run_id
+
+    def end_first(self) -> None:
+        self.instance.report_run_failed(self.instance.get_run_by_id(self.first))
+
+
+def test_a_run_that_ends_frees_its_slot_while_an_earlier_one_still_runs():
+    with dg.instance_for_test() as instance:
+        client = FirstEndsLate(instance)
+        requests = [("ct_build", {"tags": {"dagster/partition": k}}) for k in "abcd"]
+        done = list(Launcher(client, instance).runs(requests, at_once=2))
+        assert client.first_ended == [False, False, False]  # b, c, d: while a ran
+        assert [f.run.tags["dagster/partition"] for f in done] == ["a", "b", "c", "d"]
+        assert not done[0].run.is_success and all(f.run.is_success for f in done[1:])
+
+
 def test_a_webserver_that_dies_while_a_run_is_in_progress_is_an_error():
     gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     gone.wait()

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,14 +52,20 @@ class Finished:
 
 class Launcher:
     """Submits runs to the webserver and waits for them in ``instance`` (the same storage);
-    ``server``, the webserver's process, is watched while a run is waited for."""
+    ``server``, the webserver's process, is watched while a run is waited for, and
+    ``until_serving`` called before the first submission."""
 
     def __init__(
-        self, client: Any, instance: dg.DagsterInstance, server: subprocess.Popen | None = None
+        self,
+        client: Any,
+        instance: dg.DagsterInstance,
+        server: subprocess.Popen | None = None,
+        until_serving: Callable[[], None] | None = None,
     ) -> None:
         self.client = client  # a dagster_graphql.DagsterGraphQLClient
         self.instance = instance
         self.server = server
+        self.until_serving = until_serving
 
     def run(self, job: str, **options: Any) -> Finished:
         """Run ``job`` (``submit_job_execution``'s options: ``tags``, ``run_config``,
@@ -72,21 +78,30 @@ class Launcher:
         self, requests: Iterable[tuple[str, dict[str, Any]]], at_once: int = 1
     ) -> Iterator[Finished]:
         """Each ``(job, options)`` request run to its end, ``at_once`` in flight (the next
-        submitted as soon as one ends, so that its process starts while the others work),
-        yielded in the order requested.  A Ctrl-C terminates every run in flight, waits for
-        them to stop and is raised again."""
+        submitted as soon as any one ends, so that its process starts while the others
+        work), yielded in the order requested.  A Ctrl-C terminates every run in flight,
+        waits for them to stop and is raised again."""
+        if self.until_serving is not None:  # where a Ctrl-C stops the wait
+            self.until_serving()
+            self.until_serving = None
         pending = iter(requests)
-        flight: list[str] = []
+        flight: list[str] = []  # submitted, not ended
+        order: list[str] = []  # submitted, not yielded
+        ended: dict[str, Finished] = {}
         try:
             while True:
                 while len(flight) < at_once and (request := next(pending, None)) is not None:
                     with sigint_held():  # a run submitted is in flight, which a Ctrl-C ends
                         flight.append(self._submit(*request))
-                if not flight:
+                    order.append(flight[-1])
+                if not order:
                     return
-                finished = self._outcome(flight[0])
-                flight.pop(0)
-                yield finished
+                if order[0] in ended:
+                    yield ended.pop(order.pop(0))
+                    continue
+                run = self._first_ended(flight, timeout=None)
+                flight.remove(run.run_id)
+                ended[run.run_id] = self._outcome(run)
         except (KeyboardInterrupt, GeneratorExit):  # a Ctrl-C here or where the runs go
             for run_id in flight:
                 self._terminate(run_id)
@@ -101,10 +116,9 @@ class Launcher:
             )
         return run_id
 
-    def _outcome(self, run_id: str) -> Finished:
-        run = self._finished(run_id, timeout=None)
-        record = self.instance.get_run_record_by_id(run_id)
-        logs = self.instance.all_logs(run_id)
+    def _outcome(self, run: dg.DagsterRun) -> Finished:
+        record = self.instance.get_run_record_by_id(run.run_id)
+        logs = self.instance.all_logs(run.run_id)
         events = [e.dagster_event for e in logs if e.dagster_event is not None]
         return Finished(run, events, record.end_time - record.create_timestamp.timestamp())
 
@@ -117,33 +131,43 @@ class Launcher:
         except DagsterGraphQLClientError:
             if not self.instance.get_run_by_id(run_id).is_finished:
                 raise
-        self._finished(run_id, timeout=STOP_TIMEOUT_S)
+        self._first_ended([run_id], timeout=STOP_TIMEOUT_S)
 
-    def _finished(self, run_id: str, timeout: float | None) -> dg.DagsterRun:
+    def _first_ended(self, run_ids: list[str], timeout: float | None) -> dg.DagsterRun:
+        """The first of ``run_ids`` found ended, waiting for one as long as ``timeout``."""
+        import dagster as dg
+
         deadline = None if timeout is None else time.monotonic() + timeout
+        what = f"runs {', '.join(run_ids)} were" if run_ids[1:] else f"run {run_ids[0]} was"
         while True:
-            run = self.instance.get_run_by_id(run_id)
-            if run is not None and run.is_finished:
-                return run
+            runs = self.instance.get_runs(dg.RunsFilter(run_ids=run_ids))
+            ended = [r for r in runs if r.is_finished]
+            if ended:
+                return ended[0]
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} did not stop within {timeout:.0f} s")
+                raise TimeoutError(f"{what} still in progress after {timeout:.0f} s")
             if self.server is not None and self.server.poll() is not None:
                 raise RuntimeError(
                     f"dagster-webserver for {WORKSPACE} exited with status "
-                    f"{self.server.returncode} while run {run_id} was in progress; its output "
-                    "is in the log"
+                    f"{self.server.returncode} while {what} in progress; its output is in the log"
                 )
             time.sleep(POLL_S)
 
 
 @contextlib.contextmanager
 def sigint_held() -> Iterator[None]:
-    """A Ctrl-C (SIGINT) arriving in the block is delivered as the block ends."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """A Ctrl-C (SIGINT) arriving in the block is delivered as the block ends.  Held by
+    Python's handler, not by the thread's signal mask: the kernel hands a signal the main
+    thread blocks to any other thread (a timer's, a library's), and Python then runs the
+    handler in the main thread all the same."""
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
 
 
 def launcher_config(home: Path) -> dict[str, Any]:
@@ -184,7 +208,9 @@ def launcher_config(home: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def code_location(home: Path, instance: dg.DagsterInstance) -> Iterator[Launcher]:
     """A webserver serving ``workspace.yaml`` on the storage of the instance in ``home``
-    for the block; its output goes to this process's stdout."""
+    for the block; its output goes to this process's stdout.  It starts loading the code
+    location (~20 s on two cores) as the block starts, while the caller prepares its runs;
+    the first submission waits until it serves."""
     folder = home / "launcher"  # the webserver's DAGSTER_HOME: only its dagster.yaml
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "dagster.yaml").write_text(yaml.safe_dump(launcher_config(home)))
@@ -201,10 +227,10 @@ def code_location(home: Path, instance: dg.DagsterInstance) -> Iterator[Launcher
         preexec_fn=terminate_with_parent(os.getpid()),
     )
     try:
-        wait_until_serving(proc, port)
         from dagster_graphql import DagsterGraphQLClient
 
-        yield Launcher(DagsterGraphQLClient("127.0.0.1", port_number=port), instance, proc)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        yield Launcher(client, instance, proc, lambda: wait_until_serving(proc, port))
     finally:
         stop(proc)
 
