@@ -295,7 +295,12 @@ def open_preview(page, shot: str) -> tuple[int, int, str, str]:
 def test_a_check_reports_each_scan_on_its_own(ui):
     url, page = ui
     page.goto(f"{url}/assets/ct_windows?view=checks", wait_until="networkidle")
-    page.get_by_text("Partitions", exact=True).last.click()  # the check's own partitions
+    # The check's own Partitions tab renders after the asset's (a loaded machine shows the
+    # gap): wait for the second before taking the last, or the asset's own tab is clicked.
+    tabs = page.get_by_text("Partitions", exact=True)
+    tabs.nth(1).wait_for()
+    tabs.last.click()
+    assert "view=checks" in page.url, page.url  # still on the check, not the asset's tab
     passed = page.get_by_text(re.compile(r"^Passed \(\d+\)$")).first
     passed.wait_for()
     assert int(re.search(r"\d+", passed.inner_text()).group()) >= GOOD_SCANS
