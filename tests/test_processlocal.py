@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pickle
+import socket
+import threading
 
 from zarrfeed.processlocal import ProcessLocal
 
@@ -18,6 +21,12 @@ def _in_child(check) -> int:
         except BaseException:
             os._exit(2)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _is_epoll(fd: int) -> bool:
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventpoll]"
+    return False
 
 
 def test_a_value_is_built_once_per_process():
@@ -70,3 +79,36 @@ def test_pickling_drops_the_value():
     local.get()["handle"] = 42
     copy = pickle.loads(pickle.dumps(local))
     assert copy.peek() is None and copy.get() == {}
+
+
+def test_a_forked_child_cannot_deregister_its_parents_sockets():
+    """An inherited event loop that drops a socket in the child (what the finaliser of an
+    inherited HTTP connection does) leaves the parent's loop watching it: epoll is one
+    kernel object in both processes unless the child gets its own."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    ours, theirs = socket.socketpair()
+    heard = threading.Event()
+    ready = threading.Event()
+
+    def watch() -> None:
+        loop.add_reader(ours.fileno(), heard.set)
+        ready.set()
+
+    loop.call_soon_threadsafe(watch)
+    assert ready.wait(5)
+    try:
+
+        def drop() -> bool:
+            loop.remove_reader(ours.fileno())  # the inherited loop's thread is gone here
+            fds = [int(n) for n in os.listdir("/proc/self/fd")]
+            polls = [fd for fd in fds if _is_epoll(fd)]
+            return bool(polls) and not any(map(os.get_inheritable, polls))  # close-on-exec
+
+        assert _in_child(drop) == 0
+        theirs.send(b"x")
+        assert heard.wait(5), "the parent's loop stopped watching its socket after a fork"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        ours.close()
+        theirs.close()

@@ -98,12 +98,16 @@ def test_an_out_of_core_epoch_is_undisturbed_by_rebuilds_and_collection(store):
     version = ds.dataset_version
 
     def rebuild_everything() -> None:
+        start = time.monotonic()
         for seed in (1, 2):
             build(store, seed, Retention(last=1, days=0))
         collect(store, older_than_s=0)
         for key in KEYS:  # and deletions
             store.delete_partition("ct/windows", key)
         collect(store, older_than_s=0)
+        # A few seconds; a forked worker that deregistered this process's pooled S3
+        # connections from their shared epoll made the first write wait out the read timeout.
+        assert time.monotonic() - start < 60, "a write after forked readers stalled"
 
     disturbed = epoch(ds, rebuild_everything)
     assert len(disturbed) == len(undisturbed) == 12
