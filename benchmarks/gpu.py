@@ -451,6 +451,7 @@ def main() -> None:
             ours = walls[regime]
             bench(name, ours / theirs, "x",
                   f"zarrfeed {ours:.0f} vs MONAI {theirs:.0f} samples/s ({why})")  # fmt: skip
+        fits.dataset.close()  # its lease renewal must not outlive the folder
 
 
 if __name__ == "__main__":

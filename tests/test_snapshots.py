@@ -216,6 +216,34 @@ def test_a_lease_of_another_machine_holds_until_it_is_not_renewed(tmp_path, monk
     ds.close()
 
 
+def test_a_lease_whose_store_was_removed_is_given_up_not_written_back(
+    tmp_path, monkeypatch, caplog
+):
+    """A reader outliving its store (a temporary folder removed under a benchmark) must not
+    make the store's folders again when it renews: that raced the removal, which then failed
+    with "Directory not empty"."""
+    import shutil
+
+    from zarrfeed.datasets import leases
+
+    store = ZarrStore(tmp_path / "s.zarr")
+    lease = leases.Lease(store.backend, "ct", "v1")
+    assert lease.renew()
+    shutil.rmtree(tmp_path / "s.zarr")
+    assert not lease.renew()
+    monkeypatch.setattr(leases, "RENEW_S", 0.05)
+    renewer = leases._Renewer()
+    with caplog.at_level("WARNING", "zarrfeed"):
+        renewer.add(lease)
+        deadline = time.monotonic() + 10
+        while renewer.mine.get().leases and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not renewer.mine.get().leases, "a lease found gone is renewed no more"
+    assert not (tmp_path / "s.zarr").exists()
+    assert f"ct version v1 ({lease.path}) was removed" in caplog.text
+    lease.release()
+
+
 def test_a_closed_dataset_gives_its_lease_up_once(tmp_path, monkeypatch):
     """close() spends the release the dataset's finalizer would make: a second one is another
     remote delete, and once the store's server is gone the client retries it for minutes

@@ -7,11 +7,15 @@ keeps every version a live lease names.  A lease is live while its process runs,
 collector runs on the same machine (and PID namespace) and can ask the kernel; otherwise
 while it was renewed within :data:`TTL_S`.  So a reader killed with ``kill -9`` frees its
 version at the next collection on its machine, and a lost machine's after ``TTL_S``.
+A lease found gone at renewal (its store removed, or collected as dead after ``TTL_S``
+without renewal) is not written back: that would make a removed store's folders again and
+claim a version that collection may have taken.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -25,6 +29,8 @@ from zarrfeed.processlocal import ProcessLocal
 from zarrfeed.store import jsonio
 from zarrfeed.store.backends import Backend
 from zarrfeed.store.layout import meta
+
+log = logging.getLogger("zarrfeed")
 
 RENEW_S = 60.0
 TTL_S = 600.0  # a lease of another machine not renewed for this long is dead
@@ -80,12 +86,22 @@ class Lease:
             "started": started(self.pid),
             "host": socket.gethostname(),
         }
-        self.renew()
+        self._write(parents=True)
         _RENEWER.add(self)
 
-    def renew(self) -> None:
+    def renew(self) -> bool:
+        """Write the lease again, only where it still is; False once it is gone."""
+        if not self.backend.exists(self.path):
+            return False
+        try:
+            self._write(parents=False)
+        except FileNotFoundError:  # its folder removed since
+            return False
+        return True
+
+    def _write(self, parents: bool) -> None:
         body = {**self._body, "renewed_unix": time.time()}
-        self.backend.write_atomic(self.path, jsonio.dumps(body))
+        self.backend.write_atomic(self.path, jsonio.dumps(body), parents=parents)
 
     def release(self) -> None:
         """Give the version up (only the process that took the lease can: a forked
@@ -134,8 +150,15 @@ class _Renewer:
             with self.lock:
                 leases = list(mine.leases)
             for lease in leases:
-                with contextlib.suppress(ZarrfeedError, OSError):
-                    lease.renew()
+                with contextlib.suppress(ZarrfeedError, OSError):  # unreachable: next round
+                    if not lease.renew():
+                        self.discard(lease)
+                        log.warning(
+                            "the lease on %s version %s (%s) was removed: its store is gone, "
+                            "or it went unrenewed for %.0f s and was collected; the version "
+                            "is no longer held from garbage collection",
+                            lease.dataset, lease.snapshot, lease.path, TTL_S,
+                        )  # fmt: skip
 
 
 _RENEWER = _Renewer()

@@ -70,8 +70,10 @@ class Backend:
         """Many objects at once (None where one is missing), in the order given."""
         raise NotImplementedError
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Publish ``data`` at ``path``: readers see the old object or the new one, whole."""
+    def write_atomic(self, path: str, data: bytes, parents: bool = True) -> None:
+        """Publish ``data`` at ``path``: readers see the old object or the new one, whole.
+        Without ``parents``, a folder removed meanwhile is not made again: the write fails
+        with ``FileNotFoundError`` (object stores have no folders to make)."""
         raise NotImplementedError
 
     def put_many(self, folder: str, objects: dict[str, bytes]) -> None:

@@ -84,8 +84,9 @@ class LocalBackend(Backend):
                              range(0, len(paths), size))  # fmt: skip
             return [data for part in parts for data in part]
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    def write_atomic(self, path: str, data: bytes, parents: bool = True) -> None:
+        if parents:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         write_file_atomic(
             path, f"{path}.{int(time.time())}-{uuid.uuid4().hex[:8]}{TEMPORARY}", data
         )

@@ -115,7 +115,7 @@ class ObjectBackend(Backend):
         return out
 
     @_named("write")
-    def write_atomic(self, path: str, data: bytes) -> None:
+    def write_atomic(self, path: str, data: bytes, parents: bool = True) -> None:
         self.fs.pipe_file(path, data)  # one PUT: atomic on every S3-compatible server
 
     @_named("write")
