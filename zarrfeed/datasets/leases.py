@@ -150,7 +150,7 @@ class _Renewer:
             with self.lock:
                 leases = list(mine.leases)
             for lease in leases:
-                with contextlib.suppress(ZarrfeedError, OSError):  # unreachable: next round
+                with contextlib.suppress(ZarrfeedError, OSError):  # store unreachable: next round
                     if not lease.renew():
                         self.discard(lease)
                         log.warning(
